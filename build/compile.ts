@@ -1,0 +1,57 @@
+// bun run build [-- --arch x64|arm64] [--outfile PATH]
+// Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
+// Flags and why (docs/build.md): no .env/bunfig autoload (a node agent must not read ./.env from its
+// working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
+// start-up time, minify with kept names (class names appear in errors), and the undici rewrite that
+// makes client-node's TLS settings work under Bun.
+import { execFileSync } from "node:child_process";
+import { parseArgs } from "node:util";
+import pkg from "../package.json" with { type: "json" };
+import { undiciShim } from "./shims/plugin.ts";
+
+const { values } = parseArgs({
+  options: { arch: { type: "string", default: process.arch === "arm64" ? "arm64" : "x64" }, outfile: { type: "string" } },
+});
+const arch = values.arch;
+if (arch !== "x64" && arch !== "arm64") throw new Error(`--arch must be x64 or arm64, not ${arch}`);
+const native = arch === (process.arch === "arm64" ? "arm64" : "x64");
+const outfile = values.outfile ?? (native && arch === "x64" ? "dist/trellis" : `dist/trellis-${arch}`);
+
+const root = new URL("..", import.meta.url).pathname;
+function git(...args: string[]): string {
+  try {
+    return execFileSync("git", args, { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).trim();
+  } catch {
+    return "";
+  }
+}
+const head = git("rev-parse", "HEAD");
+const dirty = head !== "" && git("status", "--porcelain", "--untracked-files=no") !== "";
+const commit = head === "" ? "unknown" : `${head}${dirty ? "-dirty" : ""}`;
+
+const stats = { rewritten: 0 };
+const t0 = performance.now();
+const result = await Bun.build({
+  entrypoints: [`${root}src/main.ts`],
+  compile: { target: `bun-linux-${arch}`, outfile: `${root}${outfile}`, autoloadDotenv: false, autoloadBunfig: false },
+  format: "esm",
+  bytecode: true,
+  minify: { whitespace: true, syntax: true, identifiers: true, keepNames: true },
+  external: ["x11"],
+  define: { TRELLIS_COMMIT: JSON.stringify(commit) },
+  plugins: [undiciShim(stats)],
+});
+for (const log of result.logs) console.error(String(log));
+if (!result.success) {
+  console.error("build failed");
+  process.exit(1);
+}
+if (stats.rewritten === 0) {
+  // Without the rewrite the binary would connect without its client certificate: refuse to ship that.
+  console.error("build failed: no @kubernetes/client-node module imported 'undici'; the TLS shim was not applied");
+  process.exit(1);
+}
+console.log(
+  `built ${outfile} (trellis ${pkg.version}, commit ${commit}, linux-${arch}) in ${Math.round(performance.now() - t0)} ms; ` +
+    `undici rewritten in ${stats.rewritten} client-node modules`,
+);

@@ -1,0 +1,97 @@
+// NodeAgentConfiguration (nodeagent.config.gardener.cloud/v1alpha1): gardener-node-agent's own
+// config file, read unchanged so trellis can replace it. Defaults and limits are Gardener's
+// (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go).
+import * as v from "valibot";
+import { parse as parseYaml } from "yaml";
+import { parseGoDuration } from "./duration.ts";
+import { formatIssues } from "./issues.ts";
+
+const duration = (min: { ms: number; text: string }) =>
+  v.pipe(
+    v.string(),
+    v.check((s) => parseGoDuration(s) !== undefined, (i) => `not a duration like "10m" or "1h30m": ${JSON.stringify(i.input)}`),
+    v.transform((s) => parseGoDuration(s) as number),
+    v.check((ms) => ms >= min.ms, `must be at least ${min.text}`),
+  );
+const syncPeriod = (fallback: string) => v.optional(duration({ ms: 15_000, text: "15s" }), fallback);
+
+const server = (port: number) =>
+  v.optional(
+    v.object({
+      bindAddress: v.optional(v.string(), ""),
+      // Gardener treats an absent port and port 0 alike: the default.
+      port: v.pipe(
+        v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(65535)), 0),
+        v.transform((p) => (p === 0 ? port : p)),
+      ),
+    }),
+    {},
+  );
+
+const semver = v.pipe(
+  v.string(),
+  v.regex(/^v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?$/, (i) => `not a version like "1.35.4": ${JSON.stringify(i.input)}`),
+  v.transform((s) => s.replace(/^v/, "")),
+);
+
+export const NodeAgentConfigurationSchema = v.object({
+  apiVersion: v.literal("nodeagent.config.gardener.cloud/v1alpha1"),
+  kind: v.literal("NodeAgentConfiguration"),
+  clientConnection: v.optional(
+    v.object({
+      kubeconfig: v.optional(v.string(), ""),
+      qps: v.optional(v.number(), 50),
+      burst: v.optional(v.pipe(v.number(), v.integer()), 100),
+      acceptContentTypes: v.optional(v.string(), ""),
+      contentType: v.optional(v.string(), ""),
+    }),
+    {},
+  ),
+  logLevel: v.optional(v.picklist(["debug", "info", "error"]), "info"),
+  logFormat: v.optional(v.picklist(["json", "text"]), "json"),
+  server: v.optional(v.object({ healthProbes: server(2751), metrics: server(2752) }), {}),
+  featureGates: v.optional(v.record(v.string(), v.boolean()), {}),
+  apiServer: v.optional(v.object({ server: v.optional(v.string(), ""), caFile: v.optional(v.string(), "") }), {}),
+  bootstrap: v.optional(v.object({ kubeletDataVolumeSize: v.optional(v.pipe(v.number(), v.integer())) })),
+  controllers: v.object({
+    operatingSystemConfig: v.object({
+      secretName: v.pipe(v.string("must provide the secret name for the operating system config"), v.nonEmpty("must provide the secret name for the operating system config")),
+      kubernetesVersion: semver,
+      syncPeriod: syncPeriod("10m"),
+    }),
+    token: v.optional(
+      v.pipe(
+        v.object({
+          syncConfigs: v.optional(v.array(v.object({ secretName: v.pipe(v.string(), v.nonEmpty()), path: v.pipe(v.string(), v.nonEmpty()) })), []),
+          syncPeriod: syncPeriod("1h"),
+        }),
+        v.forward(
+          v.check((t) => new Set(t.syncConfigs.map((c) => c.path)).size === t.syncConfigs.length, "paths must be unique"),
+          ["syncConfigs"],
+        ),
+      ),
+      {},
+    ),
+    systemdUnitCheck: v.optional(
+      v.object({ syncPeriod: syncPeriod("1m"), stuckThreshold: v.optional(duration({ ms: 30_000, text: "30s" }), "5m") }),
+      {},
+    ),
+  }),
+});
+
+export type NodeAgentConfiguration = v.InferOutput<typeof NodeAgentConfigurationSchema>;
+
+
+export type ConfigResult = { ok: true; config: NodeAgentConfiguration } | { ok: false; errors: string[] };
+
+/** Parses a NodeAgentConfiguration from YAML text; errors name the file and the field. */
+export function parseAgentConfig(text: string, source: string): ConfigResult {
+  let doc: unknown;
+  try {
+    doc = parseYaml(text);
+  } catch (err) {
+    return { ok: false, errors: [`${source}: not valid YAML: ${err instanceof Error ? err.message : String(err)}`] };
+  }
+  const r = v.safeParse(NodeAgentConfigurationSchema, doc);
+  return r.success ? { ok: true, config: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
+}

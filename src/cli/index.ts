@@ -1,0 +1,40 @@
+// Subcommand dispatch. Each command module is imported only when it runs, so `trellis version`
+// does not pay for loading the Kubernetes client or D-Bus.
+import { describeError } from "../log.ts";
+import { UsageError } from "./errors.ts";
+
+type Command = { summary: string; load: () => Promise<{ run(args: string[]): Promise<number> }> };
+
+const commands: Record<string, Command> = {
+  version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
+  whoami: { summary: "connect to the API server and print its version and who trellis is there", load: () => import("./whoami.ts") },
+};
+
+function usage(): string {
+  const width = Math.max(...Object.keys(commands).map((n) => n.length));
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`);
+  return ["usage: trellis <command> [flags]", "", "commands:", ...lines, "", "`trellis <command> --help` describes a command's flags."].join("\n");
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === "help" || name === "--help" || name === "-h") {
+    console.log(usage());
+    return name === undefined ? 2 : 0;
+  }
+  const command = commands[name];
+  if (!command) {
+    console.error(`trellis: unknown command "${name}"\n\n${usage()}`);
+    return 2;
+  }
+  try {
+    return await (await command.load()).run(rest);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      console.error(`trellis ${name}: ${err.message}`);
+      return 2;
+    }
+    console.error(`trellis ${name}: ${err instanceof Error ? describeError(err) : String(err)}`);
+    return 1;
+  }
+}

@@ -1,0 +1,8 @@
+import { runtimeName } from "../runtime.ts";
+import { commit, version } from "../version.ts";
+
+export async function run(args: string[]): Promise<number> {
+  if (args.includes("--json")) console.log(JSON.stringify({ version, commit, runtime: runtimeName() }));
+  else console.log(`trellis ${version} (commit ${commit}, ${runtimeName()})`);
+  return 0;
+}

@@ -1,0 +1,91 @@
+// Turns the failures of talking to the API server into one sentence an operator can act on.
+import { ApiException } from "@kubernetes/client-node";
+
+export class KubeError extends Error {
+  override name = "KubeError";
+  constructor(
+    message: string,
+    readonly reason: "tls-untrusted" | "tls-hostname" | "unreachable" | "unauthorized" | "forbidden" | "not-found" | "conflict" | "gone" | "http" | "other",
+    readonly status?: number,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+// TLS verification failures as Bun's and Node's TLS stacks report them.
+const untrusted = new Set([
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "CERT_SIGNATURE_FAILURE",
+  "CERT_UNTRUSTED",
+]);
+const unreachable = new Set(["ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT", "ENOTFOUND", "EAI_AGAIN", "ConnectionRefused", "ConnectionClosed"]);
+
+export type RequestContext = { server: string; caSource: string; what: string };
+
+export function explainKubeError(err: unknown, ctx: RequestContext): KubeError {
+  if (err instanceof KubeError) return err;
+  if (err instanceof ApiException) return fromStatus(err.code, err.body, ctx, err);
+  const code = errorCode(err);
+  if (code !== undefined && untrusted.has(code)) {
+    return new KubeError(
+      `${ctx.what}: refusing ${ctx.server}: its TLS certificate is not signed by the CA in ${ctx.caSource} (${code})`,
+      "tls-untrusted",
+      undefined,
+      { cause: err },
+    );
+  }
+  if (code === "ERR_TLS_CERT_ALTNAME_INVALID") {
+    return new KubeError(`${ctx.what}: refusing ${ctx.server}: its TLS certificate is not valid for that host name (${code})`, "tls-hostname", undefined, { cause: err });
+  }
+  if (code !== undefined && unreachable.has(code)) {
+    return new KubeError(`${ctx.what}: cannot reach ${ctx.server} (${code})`, "unreachable", undefined, { cause: err });
+  }
+  const msg = err instanceof Error ? err.message : String(err);
+  return new KubeError(`${ctx.what}: ${msg}`, "other", undefined, { cause: err });
+}
+
+function fromStatus(status: number, body: unknown, ctx: RequestContext, cause: unknown): KubeError {
+  const detail = statusMessage(body);
+  const suffix = detail ? `: ${detail}` : "";
+  switch (status) {
+    case 401:
+      return new KubeError(`${ctx.what}: ${ctx.server} did not accept trellis's credentials (401 Unauthorized)${suffix}`, "unauthorized", status, { cause });
+    case 403:
+      return new KubeError(`${ctx.what}: forbidden (403)${suffix}`, "forbidden", status, { cause });
+    case 404:
+      return new KubeError(`${ctx.what}: not found (404)${suffix}`, "not-found", status, { cause });
+    case 409:
+      return new KubeError(`${ctx.what}: conflict (409)${suffix}`, "conflict", status, { cause });
+    case 410:
+      return new KubeError(`${ctx.what}: gone (410)${suffix}`, "gone", status, { cause });
+    default:
+      return new KubeError(`${ctx.what}: HTTP ${status}${suffix}`, "http", status, { cause });
+  }
+}
+
+function statusMessage(body: unknown): string | undefined {
+  const parsed = typeof body === "string" ? safeJson(body) : body;
+  if (parsed && typeof parsed === "object" && "message" in parsed && typeof parsed.message === "string") return parsed.message;
+  return typeof body === "string" && body !== "" ? body.slice(0, 300) : undefined;
+}
+
+function safeJson(s: string): unknown {
+  try {
+    return JSON.parse(s);
+  } catch {
+    return undefined;
+  }
+}
+
+function errorCode(err: unknown): string | undefined {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string") return code;
+  }
+  return undefined;
+}

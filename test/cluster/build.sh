@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver and kube-controller-manager from the Go module proxy into a versioned
+# cache outside the repo, once: later runs find the binaries and return at once.
+# The versions are pinned by k8s/go.mod and etcd/go.mod (the only place they are written).
+# Prints the cache directory. `build.sh --regen` rewrites k8s/go.mod's replace lines for its version.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+kube=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/k8s/go.mod")
+etcd=$(awk '$1=="go.etcd.io/etcd/server/v3" || ($1=="require" && $2=="go.etcd.io/etcd/server/v3") {print $NF}' "$here/etcd/go.mod" | head -1)
+[[ -n $kube && -n $etcd ]] || { echo "build.sh: cannot read the pinned versions from go.mod" >&2; exit 1; }
+
+if [[ ${1:-} == --regen ]]; then
+  mod=$(go mod download -json "k8s.io/kubernetes@$kube" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  staging="v0.${kube#v1.}"
+  { sed '/^replace (/,$d' "$here/k8s/go.mod"; echo "replace ("
+    grep -E '^\s*k8s.io/[a-z-]+ v0.0.0$' "$mod" | awk -v v="$staging" '{print "\t"$1" => "$1" "v}'
+    echo ")"; } > "$here/k8s/go.mod.new"
+  mv "$here/k8s/go.mod.new" "$here/k8s/go.mod"
+  (cd "$here/k8s" && go mod tidy)
+  exit 0
+fi
+
+cache=${TRELLIS_CACHE:-$HOME/.cache/trellis}/cluster-kube-$kube-etcd-$etcd
+mkdir -p "$cache"
+# Several test processes may ask at once: one builds, the others wait for it.
+exec 9>"$cache/.lock"
+flock 9
+build() { # dir package output [ldflags]
+  local dir=$1 pkg=$2 out=$3 ld=${4:-}
+  [[ -x $cache/$out ]] && return 0
+  local t0=$SECONDS
+  echo "building $out ($pkg) into $cache ..." >&2
+  (cd "$here/$dir" && go build -mod=mod -trimpath -ldflags "-s -w $ld" -o "$cache/$out.tmp" "$pkg")
+  mv "$cache/$out.tmp" "$cache/$out"
+  echo "built $out in $((SECONDS - t0)) s" >&2
+}
+ver="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$kube")"
+build etcd . etcd
+build k8s k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$ver"
+build k8s k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$ver"
+echo "$cache"

@@ -1,0 +1,87 @@
+import { describe, expect, test } from "bun:test";
+import { parseAgentConfig } from "../../src/api/agent-config.ts";
+import { formatDuration, parseGoDuration } from "../../src/api/duration.ts";
+
+const minimal = `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+kind: NodeAgentConfiguration
+controllers:
+  operatingSystemConfig:
+    secretName: gardener-node-agent-worker-abc
+    kubernetesVersion: 1.35.4
+`;
+
+describe("Go durations", () => {
+  test.each([
+    ["10m", 600_000],
+    ["1h30m", 5_400_000],
+    ["2m30s", 150_000],
+    ["500ms", 500],
+    ["1.5s", 1500],
+    ["0", 0],
+    ["-1s", -1000],
+  ])("%s = %d ms", (text, ms) => expect(parseGoDuration(text)).toBe(ms));
+  test.each(["", "10", "5 minutes", "1d", "m", "1h-5m"])("%p is not a duration", (text) => expect(parseGoDuration(text)).toBeUndefined());
+  test.each([[3_600_000, "1h"], [90_000, "90s"], [600_000, "10m"], [250, "250ms"]])("%d ms prints as %s", (ms, text) => expect(formatDuration(ms)).toBe(text));
+});
+
+describe("NodeAgentConfiguration", () => {
+  test("a minimal config gets Gardener's defaults", () => {
+    const r = parseAgentConfig(minimal, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.logLevel).toBe("info");
+    expect(r.config.logFormat).toBe("json");
+    expect(r.config.server.healthProbes.port).toBe(2751);
+    expect(r.config.server.metrics.port).toBe(2752);
+    expect(r.config.controllers.operatingSystemConfig.syncPeriod).toBe(600_000);
+    expect(r.config.controllers.token.syncPeriod).toBe(3_600_000);
+    expect(r.config.controllers.systemdUnitCheck).toEqual({ syncPeriod: 60_000, stuckThreshold: 300_000 });
+    expect(r.config.clientConnection).toMatchObject({ kubeconfig: "", qps: 50, burst: 100 });
+  });
+
+  test("a full Gardener-written config is read", () => {
+    const r = parseAgentConfig(
+      `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+kind: NodeAgentConfiguration
+clientConnection: {kubeconfig: /var/lib/gardener-node-agent/credentials/kubeconfig, qps: 100, burst: 130, acceptContentTypes: "", contentType: ""}
+logLevel: debug
+logFormat: text
+server: {healthProbes: {port: 0}, metrics: {bindAddress: 127.0.0.1, port: 9999}}
+featureGates: {SomeGate: true}
+apiServer: {server: "https://api.example:443", caFile: /var/lib/gardener-node-agent/cluster-ca.crt}
+bootstrap: {kubeletDataVolumeSize: 1024}
+controllers:
+  operatingSystemConfig: {secretName: osc, kubernetesVersion: v1.34.2, syncPeriod: 1m30s}
+  token:
+    syncPeriod: 30m
+    syncConfigs:
+    - {secretName: gardener-valitail, path: /var/lib/valitail/auth-token}
+  systemdUnitCheck: {syncPeriod: 30s, stuckThreshold: 2m}
+`,
+      "config.yaml",
+    );
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.server.healthProbes.port).toBe(2751);
+    expect(r.config.server.metrics).toEqual({ bindAddress: "127.0.0.1", port: 9999 });
+    expect(r.config.controllers.operatingSystemConfig.kubernetesVersion).toBe("1.34.2");
+    expect(r.config.controllers.operatingSystemConfig.syncPeriod).toBe(90_000);
+    expect(r.config.controllers.token.syncConfigs).toEqual([{ secretName: "gardener-valitail", path: "/var/lib/valitail/auth-token" }]);
+    expect(r.config.apiServer.server).toBe("https://api.example:443");
+  });
+
+  test.each([
+    ["missing secretName", minimal.replace("    secretName: gardener-node-agent-worker-abc\n", ""), "controllers.operatingSystemConfig.secretName"],
+    ["bad kubernetesVersion", minimal.replace("1.35.4", "latest"), 'controllers.operatingSystemConfig.kubernetesVersion: not a version like "1.35.4": "latest"'],
+    ["syncPeriod below 15s", minimal + "    syncPeriod: 5s\n", "controllers.operatingSystemConfig.syncPeriod: must be at least 15s"],
+    ["syncPeriod not a duration", minimal + "    syncPeriod: soon\n", 'controllers.operatingSystemConfig.syncPeriod: not a duration like "10m" or "1h30m": "soon"'],
+    ["stuckThreshold below 30s", minimal + "  systemdUnitCheck: {stuckThreshold: 10s}\n", "controllers.systemdUnitCheck.stuckThreshold: must be at least 30s"],
+    ["duplicate token paths", minimal + "  token:\n    syncConfigs: [{secretName: a, path: /t}, {secretName: b, path: /t}]\n", "controllers.token.syncConfigs: paths must be unique"],
+    ["unknown logLevel", minimal + "logLevel: verbose\n", "logLevel:"],
+    ["wrong kind", minimal.replace("kind: NodeAgentConfiguration", "kind: Pod"), "kind:"],
+    ["port out of range", minimal + "server: {metrics: {port: 70000}}\n", "server.metrics.port:"],
+    ["not YAML", "controllers: [unclosed", "config.yaml: not valid YAML"],
+  ])("%s is rejected naming the field", (_name, text, expected) => {
+    const r = parseAgentConfig(text, "config.yaml");
+    expect(r.ok).toBe(false);
+    if (!r.ok) expect(r.errors.join("\n")).toContain(expected);
+  });
+});

@@ -1,0 +1,68 @@
+import { describe, expect, test } from "bun:test";
+import { ApiException } from "@kubernetes/client-node";
+import { paths } from "../../src/api/paths.ts";
+import { connectionFor } from "../../src/kube/connection.ts";
+import { explainKubeError } from "../../src/kube/errors.ts";
+
+const config = (kubeconfig = "", server = "https://api:443", caFile = "") => ({
+  clientConnection: { kubeconfig, qps: 50, burst: 100, acceptContentTypes: "", contentType: "" },
+  apiServer: { server, caFile },
+});
+const only = (...present: string[]) => (p: string) => present.includes(p);
+
+describe("which credentials the agent uses (gardener-node-agent's precedence)", () => {
+  test("KUBECONFIG beats everything", () => {
+    expect(connectionFor(config("/cfg"), { KUBECONFIG: "/env" }, only(paths.kubeconfig))).toEqual({ kind: "kubeconfig", path: "/env" });
+  });
+  test("clientConnection.kubeconfig next", () => {
+    expect(connectionFor(config("/cfg"), {}, only(paths.kubeconfig))).toEqual({ kind: "kubeconfig", path: "/cfg" });
+  });
+  test("then the kubeconfig the bootstrap wrote", () => {
+    expect(connectionFor(config(), {}, only(paths.kubeconfig, paths.bootstrapToken))).toEqual({ kind: "kubeconfig", path: paths.kubeconfig });
+  });
+  test("then the bootstrap token with the cluster CA", () => {
+    expect(connectionFor(config(), {}, only(paths.bootstrapToken))).toEqual({
+      kind: "token-file",
+      server: "https://api:443",
+      caFile: paths.clusterCa,
+      tokenFile: paths.bootstrapToken,
+    });
+    expect(connectionFor(config("", "https://api:443", "/ca.crt"), {}, only(paths.bootstrapToken))).toMatchObject({ caFile: "/ca.crt" });
+  });
+  test("no credentials at all is an error naming both files", () => {
+    expect(() => connectionFor(config(), {}, only())).toThrow(`neither the kubeconfig ${paths.kubeconfig} nor the bootstrap token ${paths.bootstrapToken}`);
+  });
+  test("bootstrapping needs apiServer.server", () => {
+    expect(() => connectionFor(config("", ""), {}, only(paths.bootstrapToken))).toThrow("apiServer.server");
+  });
+});
+
+describe("API errors are explained", () => {
+  const ctx = { server: "https://127.0.0.1:6443", caSource: "/etc/ca.crt", what: "reading the server version" };
+  const withCode = (code: string) => Object.assign(new TypeError("fetch failed"), { code });
+  test.each(["DEPTH_ZERO_SELF_SIGNED_CERT", "SELF_SIGNED_CERT_IN_CHAIN", "UNABLE_TO_VERIFY_LEAF_SIGNATURE", "UNABLE_TO_GET_ISSUER_CERT_LOCALLY"])(
+    "%s → the certificate is not signed by the configured CA",
+    (code) => {
+      const e = explainKubeError(withCode(code), ctx);
+      expect(e.reason).toBe("tls-untrusted");
+      expect(e.message).toBe(`reading the server version: refusing https://127.0.0.1:6443: its TLS certificate is not signed by the CA in /etc/ca.crt (${code})`);
+    },
+  );
+  test("a nested cause's code is found", () => {
+    expect(explainKubeError(new Error("outer", { cause: withCode("ECONNREFUSED") }), ctx).reason).toBe("unreachable");
+  });
+  test("host name mismatch", () => expect(explainKubeError(withCode("ERR_TLS_CERT_ALTNAME_INVALID"), ctx).reason).toBe("tls-hostname"));
+  test.each([
+    [401, "unauthorized"],
+    [403, "forbidden"],
+    [404, "not-found"],
+    [409, "conflict"],
+    [410, "gone"],
+    [500, "http"],
+  ] as const)("HTTP %d → %s, with the server's message", (code, reason) => {
+    const e = explainKubeError(new ApiException(code, "x", JSON.stringify({ message: "the reason" }), {}), ctx);
+    expect(e.reason).toBe(reason);
+    expect(e.status).toBe(code);
+    expect(e.message).toContain(": the reason");
+  });
+});
