@@ -5,6 +5,7 @@
 // start-up time, minify with kept names (class names appear in errors), and the undici rewrite that
 // makes client-node's TLS settings work under Bun.
 import { execFileSync } from "node:child_process";
+import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import pkg from "../package.json" with { type: "json" };
 import { undiciShim } from "./shims/plugin.ts";
@@ -33,7 +34,7 @@ const stats = { rewritten: 0 };
 const t0 = performance.now();
 const result = await Bun.build({
   entrypoints: [`${root}src/main.ts`],
-  compile: { target: `bun-linux-${arch}`, outfile: `${root}${outfile}`, autoloadDotenv: false, autoloadBunfig: false },
+  compile: { target: `bun-linux-${arch}`, outfile: resolve(root, outfile), autoloadDotenv: false, autoloadBunfig: false },
   format: "esm",
   bytecode: true,
   minify: { whitespace: true, syntax: true, identifiers: true, keepNames: true },

@@ -23,7 +23,10 @@ afterAll(async () => {
 });
 
 async function trellisWhoami(...args: string[]) {
-  const r = await run([bin, "whoami", "--json", ...args]);
+  return trellisWhoamiIn(undefined, ...args);
+}
+async function trellisWhoamiIn(cwd: string | undefined, ...args: string[]) {
+  const r = await run([bin, "whoami", "--json", ...args], cwd ? { cwd } : {});
   return { ...r, me: r.code === 0 ? JSON.parse(r.stdout) : undefined };
 }
 
@@ -120,7 +123,11 @@ controllers:
     await runOk(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", `${cluster.dir}/other-ca.key`, "-out", otherCa, "-days", "1", "-subj", "/CN=not-the-cluster-ca"]);
     const { certFile, keyFile } = await cluster.clientCertUser("wrong-ca-user");
     const kc = kubeconfig(`${cluster.dir}/wrong-ca.kubeconfig`, { "client-certificate": certFile, "client-key": keyFile }, { server: cluster.server, "certificate-authority": otherCa });
-    const r = await trellisWhoami("--kubeconfig", kc);
+    // A .env in the working directory must not switch verification off (the binary never reads .env).
+    const cwd = `${cluster.dir}/with-dotenv`;
+    await runOk(["mkdir", "-p", cwd]);
+    writeFileSync(`${cwd}/.env`, "NODE_TLS_REJECT_UNAUTHORIZED=0\n");
+    const r = await trellisWhoamiIn(cwd, "--kubeconfig", kc);
     expect(r.code).toBe(1);
     expect(r.stdout).toBe("");
     expect(r.stderr).toContain(`refusing ${cluster.server}: its TLS certificate is not signed by the CA in ${otherCa}`);
