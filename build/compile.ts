@@ -1,6 +1,6 @@
 // bun run build [-- --arch x64|arm64] [--outfile PATH]
 // Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
-// Flags and why (docs/build.md): no .env/bunfig autoload (a node agent must not read ./.env from its
+// Flags and why (README "How the binary is built"): no .env/bunfig autoload (a node agent must not read ./.env from its
 // working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
 // start-up time, minify with kept names (class names appear in errors), and the undici rewrite that
 // makes client-node's TLS settings work under Bun.

@@ -8,6 +8,7 @@ type Command = { summary: string; load: () => Promise<{ run(args: string[]): Pro
 const commands: Record<string, Command> = {
   version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
   whoami: { summary: "connect to the API server and print its version and who trellis is there", load: () => import("./whoami.ts") },
+  systemd: { summary: "talk to systemd over D-Bus: daemon-reload, enable, disable, start, restart, stop, status", load: () => import("./systemd.ts") },
 };
 
 function usage(): string {

@@ -75,9 +75,12 @@ export function alive(pid: number): boolean {
   }
 }
 
+// One parent directory per test process, so a run's state sits together and nothing is left empty.
+const runBase = `/tmp/trellis-test/${process.pid}-${Date.now().toString(36)}`;
+
 /** A fresh directory for this test run's state under /tmp/trellis-test. */
 export function runDir(name: string): string {
-  const dir = `/tmp/trellis-test/${process.pid}-${Date.now().toString(36)}/${name}`;
+  const dir = `${runBase}/${name}`;
   mkdirSync(dir, { recursive: true });
   return dir;
 }

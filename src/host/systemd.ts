@@ -1,0 +1,297 @@
+// systemd's Manager API over the D-Bus system bus (dbus-next, low-level messages only: proxy objects
+// cost an introspection round trip per object and can hang forever when the bus misbehaves).
+//
+// Every call has a deadline, and a lost connection fails its pending calls at once; the next call
+// opens a new connection. systemd's private socket (/run/systemd/private) is not an option: it refuses
+// clients from another PID namespace, and the bus works from everywhere.
+import type { Duplex } from "node:stream";
+import { DBusError, Message, MessageType, sessionBus, type MessageBus } from "dbus-next";
+import type { Logger } from "../log.ts";
+
+export const defaultBusAddress = "unix:path=/run/dbus/system_bus_socket";
+
+export type UnitStatus = {
+  name: string;
+  loadState: string; // loaded, not-found, masked, ...
+  activeState: string; // active, inactive, failed, activating, ...
+  subState: string; // running, dead, exited, ...
+  mainPID: number; // 0 when not running or not a service
+  unitFileState: string; // enabled, disabled, static, "" for transient units, ...
+  activeEnterTimestamp?: Date; // absent if the unit never became active
+};
+
+export type ListedUnit = { name: string; description: string; loadState: string; activeState: string; subState: string };
+
+/** One symlink EnableUnitFiles/DisableUnitFiles created or removed. */
+export type UnitFileChange = { type: string; file: string; destination: string };
+
+export interface Systemd {
+  readonly address: string;
+  /** `systemctl daemon-reload`: resolves once systemd has re-read all unit files. */
+  daemonReload(): Promise<void>;
+  /** Creates the [Install] symlinks (not runtime, replacing conflicting symlinks). Needs a daemonReload() to take effect. */
+  enableUnits(names: string[]): Promise<UnitFileChange[]>;
+  disableUnits(names: string[]): Promise<UnitFileChange[]>;
+  /** These queue a job (mode "replace") and resolve when it finished with result "done". */
+  start(unit: string): Promise<void>;
+  restart(unit: string): Promise<void>;
+  stop(unit: string): Promise<void>;
+  /** Loads the unit if needed: a unit without a unit file reports loadState "not-found". */
+  unitStatus(unit: string): Promise<UnitStatus>;
+  listUnits(): Promise<ListedUnit[]>;
+  /** Closes the connection; pending calls fail. A later call reconnects. */
+  close(): void;
+}
+
+export type SystemdOptions = {
+  address?: string;
+  /** Limit for each D-Bus round trip, connecting included. */
+  callTimeoutMs?: number;
+  /** Limit for a start/restart/stop job to finish (oneshot units have no start timeout of their own). */
+  jobTimeoutMs?: number;
+  log?: Logger;
+};
+
+type ErrorKind = "connection" | "timeout" | "dbus" | "job";
+
+export class SystemdError extends Error {
+  override name = "SystemdError";
+  constructor(
+    /** What went wrong, without the method/unit/bus prefix of `message`. */
+    readonly reason: string,
+    readonly kind: ErrorKind,
+    /** The D-Bus method (StartUnit, GetAll, ...). */
+    readonly method: string,
+    readonly address: string,
+    readonly unit?: string,
+    /** The D-Bus error name (kind "dbus") or the job result (kind "job"). */
+    readonly detail?: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`${method}${unit ? ` ${unit}` : ""} (bus ${address}): ${reason}`, options);
+  }
+}
+
+const SYSTEMD = "org.freedesktop.systemd1";
+const MANAGER_PATH = "/org/freedesktop/systemd1";
+const MANAGER = "org.freedesktop.systemd1.Manager";
+const PROPERTIES = "org.freedesktop.DBus.Properties";
+
+type JobListener = (job: string, result: string) => void;
+
+// One bus connection. `lost` rejects when the socket errors or closes, which fails every call
+// waiting on it; the connection is then discarded and the next call opens a new one.
+type Connection = {
+  bus: MessageBus;
+  lost: Promise<never>;
+  dead: boolean;
+  helloDone: boolean;
+  jobListeners: Set<JobListener>;
+  subscribed?: Promise<void>;
+  /** Fails the calls in flight and closes the socket; `unexpected` is logged. */
+  drop(err: Error, unexpected: boolean): void;
+};
+
+type Call = { member: string; unit?: string; dest?: string; path?: string; iface?: string; signature?: string; body?: unknown[] };
+
+export function createSystemd(opts: SystemdOptions = {}): Systemd {
+  const address = opts.address ?? defaultBusAddress;
+  // dbus-next also knows tcp: and abstract sockets, but only unix:path= works in the compiled binary.
+  if (!/^unix:path=\/[^,;=]*$/.test(address)) throw new RangeError(`unsupported D-Bus address "${address}" (want unix:path=/...)`);
+  const callTimeoutMs = opts.callTimeoutMs ?? 10_000;
+  const jobTimeoutMs = opts.jobTimeoutMs ?? 120_000;
+  const log = opts.log;
+  let current: Connection | undefined;
+
+  const fail = (kind: ErrorKind, c: Call, reason: string, detail?: string, cause?: unknown) =>
+    new SystemdError(reason, kind, c.member, address, c.unit, detail, { cause });
+
+  function connect(c: Call): Connection {
+    if (current && !current.dead) return current;
+    let bus: MessageBus;
+    try {
+      bus = sessionBus({ busAddress: address }); // "session" only means "not from $DBUS_SYSTEM_BUS_ADDRESS"
+    } catch (err) {
+      throw fail("connection", c, `cannot connect: ${errorText(err)}`, undefined, err);
+    }
+    let markLost!: (err: Error) => void;
+    const lost = new Promise<never>((_, reject) => (markLost = reject));
+    lost.catch(() => {}); // only consulted by calls in flight
+    // dbus-next does not report a closed socket on the bus object: watch the stream itself.
+    const stream = (bus as unknown as { _connection: { stream: Duplex } })._connection.stream;
+    const conn: Connection = {
+      bus,
+      lost,
+      dead: false,
+      helloDone: false,
+      jobListeners: new Set(),
+      drop: (err, unexpected) => {
+        if (conn.dead) return;
+        conn.dead = true;
+        markLost(err);
+        stream.destroy();
+        if (unexpected && conn.helloDone) log?.warn("D-Bus connection lost", { address, error: err });
+      },
+    };
+    // Attached before the first tick: without an error listener a missing socket kills the process.
+    bus.on("error", (err: unknown) => conn.drop(err instanceof Error ? err : new Error(String(err)), true));
+    stream.on("close", () => conn.drop(new Error("connection closed by the bus"), true));
+    bus.on("connect", () => {
+      conn.helloDone = true;
+      log?.info("connected to D-Bus", { address, name: (bus as unknown as { name: string }).name });
+    });
+    bus.on("message", (msg: Message) => {
+      if (msg.type !== MessageType.SIGNAL || msg.interface !== MANAGER || msg.member !== "JobRemoved") return;
+      const [, job, , result] = msg.body as [number, string, string, string];
+      for (const listener of conn.jobListeners) listener(job, result);
+    });
+    current = conn;
+    return conn;
+  }
+
+  async function call(c: Call, conn = connect(c)): Promise<unknown[]> {
+    const msg = new Message({
+      destination: c.dest ?? SYSTEMD,
+      path: c.path ?? MANAGER_PATH,
+      interface: c.iface ?? MANAGER,
+      member: c.member,
+      signature: c.signature ?? "",
+      body: c.body ?? [],
+    });
+    const timeout = deadline(callTimeoutMs);
+    try {
+      const reply = await Promise.race([conn.bus.call(msg), conn.lost, timeout.expired]);
+      return reply?.body ?? [];
+    } catch (err) {
+      if (err === timeout.error) {
+        // A bus that does not answer in time is not trusted with the next call either.
+        const what = conn.helloDone ? "no reply" : "no D-Bus handshake (is anything serving this socket?)";
+        conn.drop(new Error(`${c.member} timed out`), true);
+        throw fail("timeout", c, `timed out after ${callTimeoutMs} ms: ${what}`);
+      }
+      if (err instanceof DBusError) throw fail("dbus", c, `${err.text} (${err.type})`, err.type, err);
+      throw fail("connection", c, errorText(err), undefined, err);
+    } finally {
+      timeout.cancel();
+    }
+  }
+
+  // systemd emits JobRemoved only to clients that called Subscribe, and the bus daemon only routes
+  // it to clients with a matching rule: both once per connection.
+  function subscribe(conn: Connection): Promise<void> {
+    conn.subscribed ??= (async () => {
+      const match = `type='signal',sender='${SYSTEMD}',path='${MANAGER_PATH}',interface='${MANAGER}',member='JobRemoved'`;
+      const bus = { dest: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", iface: "org.freedesktop.DBus" };
+      await call({ member: "AddMatch", ...bus, signature: "s", body: [match] }, conn);
+      await call({ member: "Subscribe" }, conn);
+    })().catch((err) => {
+      conn.subscribed = undefined; // let the next job try again
+      throw err;
+    });
+    return conn.subscribed;
+  }
+
+  async function job(member: "StartUnit" | "RestartUnit" | "StopUnit", unit: string): Promise<void> {
+    const c: Call = { member, unit, signature: "ss", body: [unit, "replace"] };
+    const conn = connect(c);
+    await subscribe(conn).catch((err: SystemdError) => {
+      throw fail(err.kind, c, `${err.method}: ${err.reason}`, err.detail, err);
+    });
+    // JobRemoved may arrive before we know the job's path: remember results until then.
+    const early = new Map<string, string>();
+    let jobPath: string | undefined;
+    let finished!: (result: string) => void;
+    const done = new Promise<string>((resolve) => (finished = resolve));
+    const listener: JobListener = (path, result) => {
+      if (jobPath === undefined) early.set(path, result);
+      else if (path === jobPath) finished(result);
+    };
+    conn.jobListeners.add(listener);
+    const timeout = deadline(jobTimeoutMs);
+    try {
+      const [path] = (await call(c, conn)) as [string];
+      jobPath = path;
+      const result = early.get(path) ?? (await Promise.race([done, conn.lost, timeout.expired]));
+      if (result !== "done") throw fail("job", c, `job finished with result "${result}"`, result);
+    } catch (err) {
+      if (err === timeout.error) throw fail("timeout", c, `job ${jobPath} did not finish within ${jobTimeoutMs} ms`);
+      if (err instanceof SystemdError) throw err;
+      throw fail("connection", c, `waiting for job ${jobPath}: ${errorText(err)}`, undefined, err);
+    } finally {
+      timeout.cancel();
+      conn.jobListeners.delete(listener);
+    }
+  }
+
+  async function unitStatus(unit: string): Promise<UnitStatus> {
+    const [path] = (await call({ member: "LoadUnit", unit, signature: "s", body: [unit] })) as [string];
+    const get = (iface: string) =>
+      call({ member: "GetAll", unit, path, iface: PROPERTIES, signature: "s", body: [iface] }).then(
+        ([props]) => props as Record<string, { value: unknown }>,
+      );
+    const [u, service] = await Promise.all([
+      get("org.freedesktop.systemd1.Unit"),
+      unit.endsWith(".service") ? get("org.freedesktop.systemd1.Service") : undefined,
+    ]);
+    const str = (key: string) => String(u[key]?.value ?? "");
+    const enteredUs = BigInt((u.ActiveEnterTimestamp?.value as bigint | undefined) ?? 0n);
+    return {
+      name: str("Id"),
+      loadState: str("LoadState"),
+      activeState: str("ActiveState"),
+      subState: str("SubState"),
+      mainPID: Number(service?.MainPID?.value ?? 0),
+      unitFileState: str("UnitFileState"),
+      ...(enteredUs > 0n ? { activeEnterTimestamp: new Date(Number(enteredUs / 1000n)) } : {}),
+    };
+  }
+
+  const changes = (list: unknown): UnitFileChange[] =>
+    (list as [string, string, string][]).map(([type, file, destination]) => ({ type, file, destination }));
+
+  return {
+    address,
+    daemonReload: async () => {
+      await call({ member: "Reload" });
+    },
+    enableUnits: async (names) => {
+      const [, list] = await call({ member: "EnableUnitFiles", unit: names.join(" "), signature: "asbb", body: [names, false, true] });
+      return changes(list);
+    },
+    disableUnits: async (names) => {
+      const [list] = await call({ member: "DisableUnitFiles", unit: names.join(" "), signature: "asb", body: [names, false] });
+      return changes(list);
+    },
+    start: (unit) => job("StartUnit", unit),
+    restart: (unit) => job("RestartUnit", unit),
+    stop: (unit) => job("StopUnit", unit),
+    unitStatus,
+    listUnits: async () => {
+      const [list] = await call({ member: "ListUnits" });
+      return (list as string[][]).map(([name = "", description = "", loadState = "", activeState = "", subState = ""]) => ({
+        name,
+        description,
+        loadState,
+        activeState,
+        subState,
+      }));
+    },
+    close: () => {
+      current?.drop(new Error("connection closed by the client"), false);
+      current = undefined;
+    },
+  };
+}
+
+// A timer to race against; `error` identifies its rejection. cancel() so it does not hold the process open.
+function deadline(ms: number): { expired: Promise<never>; error: Error; cancel(): void } {
+  const error = new Error(`deadline of ${ms} ms`);
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(error), ms)));
+  expired.catch(() => {});
+  return { expired, error, cancel: () => clearTimeout(timer) };
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

@@ -1,0 +1,372 @@
+// A real Kubernetes control plane for e2e tests: etcd + kube-apiserver (+ kube-controller-manager),
+// built from upstream by test/cluster/build.sh, listening on 127.0.0.1 only, with its own PKI, ports
+// and data directory per cluster so that clusters never collide.
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { KubeConfig } from "@kubernetes/client-node";
+import type { Subprocess } from "bun";
+import { atExit } from "./cleanup.ts";
+import { alive, freePort, runDir, runOk, waitFor } from "./exec.ts";
+
+export interface Cluster {
+  /** https://127.0.0.1:<port> */
+  server: string;
+  /** CA that signed the apiserver's serving certificate (what clients trust). */
+  caFile: string;
+  caPem: string;
+  /** CA the apiserver trusts for client certificates; kube-controller-manager signs CSRs with it. */
+  clientCaFile: string;
+  clientCaKeyFile: string;
+  /** This cluster's own directory: PKI, kubeconfigs, logs, audit log. */
+  dir: string;
+  /** Audit log (JSON lines, Metadata level, one ResponseComplete event per request; watches also log ResponseStarted). */
+  auditLog: string;
+  /** Kubeconfig of a client-certificate user in group system:masters. */
+  adminKubeconfig: string;
+  admin(): KubeConfig;
+  /** Issues a client certificate signed by the client CA (CN=user, O=groups) and writes a kubeconfig using it. */
+  clientCertUser(user: string, groups?: string[]): Promise<{ kubeconfig: string; certFile: string; keyFile: string }>;
+  /** Stops and starts kube-apiserver only (same port, same etcd). */
+  restartApiServer(): Promise<void>;
+  /** Stops every process this cluster started, by PID, and deletes etcd's data; logs and PKI stay in dir for post-mortems. */
+  stop(): Promise<void>;
+}
+
+const buildScript = new URL("../cluster/build.sh", import.meta.url).pathname;
+const serviceIp = "10.0.0.1";
+const serviceAccountIssuer = "https://kubernetes.default.svc.cluster.local";
+const stopGraceMs = 10_000;
+
+let binDir: Promise<string> | undefined;
+let clusters = 0;
+
+/** Starts a control plane and waits until it serves requests (and, with the controller manager, runs controllers). */
+export async function startCluster(opts: { controllerManager?: boolean } = {}): Promise<Cluster> {
+  const bin = await binaries();
+  const dir = runDir(`cluster-${++clusters}`);
+  const { etcdPort, peerPort, apiPort, kcmPort } = await allocatePorts();
+  const pki = await createPki(dir);
+  const server = `https://127.0.0.1:${apiPort}`;
+  const adminKubeconfig = writeKubeconfig(`${dir}/admin.kubeconfig`, server, pki, pki.admin, "admin");
+  const kcmKubeconfig = writeKubeconfig(`${dir}/kcm.kubeconfig`, server, pki, pki.kcm, "system:kube-controller-manager");
+  const auditLog = `${dir}/audit.log`;
+  writeFileSync(`${dir}/audit-policy.yaml`, auditPolicy);
+
+  const etcd = new Daemon("etcd", etcdArgs(bin, dir, etcdPort, peerPort), dir);
+  const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog), dir);
+  const kcm = new Daemon("kube-controller-manager", kcmArgs(bin, pki, kcmKubeconfig, kcmPort), dir);
+  const daemons = opts.controllerManager === false ? [etcd, apiserver] : [etcd, apiserver, kcm];
+  const stop = async () => {
+    for (const d of [...daemons].reverse()) await d.stop();
+    rmSync(`${dir}/etcd`, { recursive: true, force: true }); // 64 MB of preallocated WAL per cluster
+  };
+  const admin = () => loadKubeconfig(adminKubeconfig);
+  const adminTls = { ca: pki.ca.pem, cert: pki.admin.pem, key: readFileSync(pki.admin.key, "utf8") };
+  const apiReady = () => httpsOk(`${server}/readyz`, adminTls);
+
+  try {
+    // The apiserver retries etcd on its own, so both start at once; kcm's delegated authentication
+    // reads a ConfigMap at startup and fails hard if the apiserver is not serving yet.
+    etcd.start();
+    apiserver.start();
+    await etcd.waitReady("/health", () => etcdHealthy(etcdPort), 30_000);
+    await apiserver.waitReady("/readyz", apiReady, 60_000);
+    if (daemons.includes(kcm)) {
+      kcm.start();
+      await kcm.waitReady("/healthz", () => httpsOk(`https://127.0.0.1:${kcmPort}/healthz`, { ca: pki.ca.pem }), 30_000);
+      // Pods are rejected until the service account controller has created "default"; waiting here
+      // also proves that the controllers run, not just kcm's HTTP server.
+      const defaultSa = `${server}/api/v1/namespaces/default/serviceaccounts/default`;
+      await kcm.waitReady("the default ServiceAccount", () => httpsOk(defaultSa, adminTls), 30_000);
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+
+  return {
+    server,
+    caFile: pki.ca.cert,
+    caPem: pki.ca.pem,
+    clientCaFile: pki.clientCa.cert,
+    clientCaKeyFile: pki.clientCa.key,
+    dir,
+    auditLog,
+    adminKubeconfig,
+    admin,
+    clientCertUser: (user, groups = []) => clientCertUser(dir, server, pki, user, groups),
+    restartApiServer: async () => {
+      await apiserver.stop();
+      apiserver.start();
+      await apiserver.waitReady("/readyz", apiReady, 60_000);
+    },
+    stop,
+  };
+}
+
+/** The cached binaries; build.sh returns at once when they exist (a cold build takes many minutes). */
+function binaries(): Promise<string> {
+  binDir ??= runOk(["bash", buildScript], { timeoutMs: 60 * 60_000 }).then((out) => out.trim().split("\n").at(-1) ?? "");
+  return binDir;
+}
+
+/** A free port per listener, all distinct: the kernel may hand out a port it just freed again. */
+async function allocatePorts(): Promise<{ etcdPort: number; peerPort: number; apiPort: number; kcmPort: number }> {
+  const taken = new Set<number>();
+  const next = async (): Promise<number> => {
+    for (;;) {
+      const port = await freePort();
+      if (!taken.has(port)) {
+        taken.add(port);
+        return port;
+      }
+    }
+  };
+  return { etcdPort: await next(), peerPort: await next(), apiPort: await next(), kcmPort: await next() };
+}
+
+// ---------------------------------------------------------------- PKI (openssl CLI)
+
+type KeyPair = { cert: string; key: string; pem: string };
+type Pki = {
+  ca: KeyPair;
+  clientCa: KeyPair;
+  apiserver: KeyPair;
+  kcmServing: KeyPair;
+  admin: KeyPair;
+  kcm: KeyPair;
+  saKey: string;
+  saPub: string;
+};
+
+let certs = 0;
+
+async function createPki(dir: string): Promise<Pki> {
+  const pki = `${dir}/pki`;
+  mkdirSync(pki, { recursive: true });
+  // Without an explicit config, `req -x509` applies the system openssl.cnf's v3_ca section and
+  // every leaf certificate would claim CA:TRUE.
+  writeFileSync(opensslCnf(dir), "[req]\ndistinguished_name = dn\n[dn]\n");
+  const [ca, clientCa] = await Promise.all([newCa(dir, "ca", "trellis-e2e-ca"), newCa(dir, "client-ca", "trellis-e2e-client-ca")]);
+  const sans = ["IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc", `IP:${serviceIp}`];
+  const [apiserver, kcmServing, admin, kcm] = await Promise.all([
+    issue(dir, ca, "pki/apiserver", subject("kube-apiserver"), serverExts(sans)),
+    issue(dir, ca, "pki/kcm-serving", subject("kube-controller-manager"), serverExts(["IP:127.0.0.1", "DNS:localhost"])),
+    issue(dir, clientCa, "pki/admin", subject("admin", ["system:masters"]), clientExts),
+    issue(dir, clientCa, "pki/kcm", subject("system:kube-controller-manager"), clientExts),
+  ]);
+  const saKey = `${pki}/sa.key`;
+  const saPub = `${pki}/sa.pub`;
+  await runOk(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", saKey]);
+  await runOk(["openssl", "pkey", "-in", saKey, "-pubout", "-out", saPub]);
+  return { ca, clientCa, apiserver, kcmServing, admin, kcm, saKey, saPub };
+}
+
+const clientExts = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature", "extendedKeyUsage=clientAuth"];
+
+function serverExts(sans: string[]): string[] {
+  return ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature", "extendedKeyUsage=serverAuth", `subjectAltName=${sans.join(",")}`];
+}
+
+/** An openssl -subj string; Kubernetes reads the user from CN and the groups from the O attributes. */
+function subject(cn: string, orgs: string[] = []): string {
+  const esc = (v: string) => v.replace(/[\\/+=,]/g, "\\$&");
+  return [`/CN=${esc(cn)}`, ...orgs.map((o) => `/O=${esc(o)}`)].join("");
+}
+
+const opensslCnf = (dir: string) => `${dir}/pki/openssl.cnf`;
+
+function newCa(dir: string, name: string, cn: string): Promise<KeyPair> {
+  return certificate(dir, `pki/${name}`, subject(cn), ["basicConstraints=critical,CA:TRUE", "keyUsage=critical,keyCertSign,cRLSign"], []);
+}
+
+function issue(dir: string, ca: KeyPair, name: string, subj: string, exts: string[]): Promise<KeyPair> {
+  return certificate(dir, name, subj, exts, ["-CA", ca.cert, "-CAkey", ca.key]);
+}
+
+/** A new P-256 key and its certificate at dir/name.{key,crt}: self-signed, or signed by `signer`. */
+async function certificate(dir: string, name: string, subj: string, exts: string[], signer: string[]): Promise<KeyPair> {
+  const cert = `${dir}/${name}.crt`;
+  const key = `${dir}/${name}.key`;
+  await runOk([
+    "openssl", "req", "-x509", "-config", opensslCnf(dir), "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+    "-noenc", "-days", "30", "-subj", subj, "-keyout", key, "-out", cert, ...signer, ...exts.flatMap((e) => ["-addext", e]),
+  ]);
+  return { cert, key, pem: readFileSync(cert, "utf8") };
+}
+
+async function clientCertUser(dir: string, server: string, pki: Pki, user: string, groups: string[]) {
+  mkdirSync(`${dir}/users`, { recursive: true });
+  const name = `users/${++certs}-${user.replace(/[^A-Za-z0-9.-]/g, "_")}`;
+  const pair = await issue(dir, pki.clientCa, name, subject(user, groups), clientExts);
+  const kubeconfig = writeKubeconfig(`${dir}/${name}.kubeconfig`, server, pki, pair, user);
+  return { kubeconfig, certFile: pair.cert, keyFile: pair.key };
+}
+
+/** A self-contained kubeconfig (certificates embedded), so it still works when copied elsewhere. */
+function writeKubeconfig(path: string, server: string, pki: Pki, pair: KeyPair, user: string): string {
+  const b64 = (s: string) => Buffer.from(s).toString("base64");
+  const config = {
+    apiVersion: "v1",
+    kind: "Config",
+    clusters: [{ name: "trellis-e2e", cluster: { server, "certificate-authority-data": b64(pki.ca.pem) } }],
+    users: [{ name: user, user: { "client-certificate-data": b64(pair.pem), "client-key-data": b64(readFileSync(pair.key, "utf8")) } }],
+    contexts: [{ name: "trellis-e2e", context: { cluster: "trellis-e2e", user } }],
+    "current-context": "trellis-e2e",
+  };
+  writeFileSync(path, JSON.stringify(config, null, 2), { mode: 0o600 }); // JSON is valid kubeconfig YAML
+  return path;
+}
+
+function loadKubeconfig(path: string): KubeConfig {
+  const kc = new KubeConfig();
+  kc.loadFromFile(path);
+  return kc;
+}
+
+// ---------------------------------------------------------------- component flags
+
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+# RequestReceived would log every request twice.
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+`;
+
+function etcdArgs(bin: string, dir: string, port: number, peerPort: number): string[] {
+  const client = `http://127.0.0.1:${port}`;
+  const peer = `http://127.0.0.1:${peerPort}`;
+  return [
+    `${bin}/etcd`,
+    "--name=trellis-e2e",
+    `--data-dir=${dir}/etcd`,
+    `--listen-client-urls=${client}`,
+    `--advertise-client-urls=${client}`,
+    `--listen-peer-urls=${peer}`,
+    `--initial-advertise-peer-urls=${peer}`,
+    `--initial-cluster=trellis-e2e=${peer}`,
+    // Throwaway data: fsync only slows the tests down.
+    "--unsafe-no-fsync",
+  ];
+}
+
+function apiserverArgs(bin: string, dir: string, pki: Pki, etcdPort: number, port: number, auditLog: string): string[] {
+  return [
+    `${bin}/kube-apiserver`,
+    `--etcd-servers=http://127.0.0.1:${etcdPort}`,
+    `--secure-port=${port}`,
+    "--bind-address=127.0.0.1",
+    "--advertise-address=127.0.0.1",
+    `--tls-cert-file=${pki.apiserver.cert}`,
+    `--tls-private-key-file=${pki.apiserver.key}`,
+    `--client-ca-file=${pki.clientCa.cert}`,
+    "--authorization-mode=Node,RBAC",
+    "--enable-bootstrap-token-auth",
+    `--service-account-key-file=${pki.saPub}`,
+    `--service-account-signing-key-file=${pki.saKey}`,
+    `--service-account-issuer=${serviceAccountIssuer}`,
+    "--service-cluster-ip-range=10.0.0.0/24",
+    "--allow-privileged",
+    // Endpoints may not hold a loopback address, so the reconciler would only fail, every 10 s.
+    "--endpoint-reconciler-type=none",
+    // A graceful shutdown otherwise waits up to the 60 s request timeout for kcm's watches to end;
+    // this way it answers 429 + Retry-After while in-flight requests drain, then closes after 2 s.
+    "--shutdown-send-retry-after",
+    `--audit-policy-file=${dir}/audit-policy.yaml`,
+    `--audit-log-path=${auditLog}`,
+  ];
+}
+
+function kcmArgs(bin: string, pki: Pki, kubeconfig: string, port: number): string[] {
+  return [
+    `${bin}/kube-controller-manager`,
+    `--kubeconfig=${kubeconfig}`,
+    `--authentication-kubeconfig=${kubeconfig}`,
+    `--authorization-kubeconfig=${kubeconfig}`,
+    `--cluster-signing-cert-file=${pki.clientCa.cert}`,
+    `--cluster-signing-key-file=${pki.clientCa.key}`,
+    "--controllers=*,bootstrapsigner,tokencleaner",
+    "--use-service-account-credentials",
+    `--service-account-private-key-file=${pki.saKey}`,
+    `--root-ca-file=${pki.ca.cert}`,
+    "--leader-elect=false",
+    "--bind-address=127.0.0.1",
+    `--secure-port=${port}`,
+    `--tls-cert-file=${pki.kcmServing.cert}`,
+    `--tls-private-key-file=${pki.kcmServing.key}`,
+  ];
+}
+
+// ---------------------------------------------------------------- readiness probes
+// Plain fetch rather than client-node: outside `bun test` client-node's TLS needs the undici shim.
+
+async function etcdHealthy(port: number): Promise<boolean> {
+  const res = await fetch(`http://127.0.0.1:${port}/health`);
+  return res.ok && ((await res.json()) as { health?: string }).health === "true";
+}
+
+async function httpsOk(url: string, tls: { ca: string; cert?: string; key?: string }): Promise<boolean> {
+  const res = await fetch(url, { tls, signal: AbortSignal.timeout(5_000) });
+  await res.arrayBuffer();
+  return res.ok;
+}
+
+// ---------------------------------------------------------------- processes
+
+class Daemon {
+  private proc: Subprocess | undefined;
+  readonly log: string;
+
+  constructor(
+    readonly name: string,
+    private readonly cmd: string[],
+    private readonly dir: string,
+  ) {
+    this.log = `${dir}/${name}.log`;
+  }
+
+  start(): void {
+    const fd = openSync(this.log, "a");
+    try {
+      writeFileSync(fd, `--- ${new Date().toISOString()} ${this.cmd.join(" ")}\n`);
+      // pdeathsig covers a bun killed by SIGKILL, where no exit hook runs; setpriv execs the daemon,
+      // so proc.pid is the daemon's own PID.
+      const proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...this.cmd], {
+        stdio: ["ignore", fd, fd],
+        // etcd reads ETCD_* variables as flags, and proxy variables have no business here.
+        env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: this.dir },
+      });
+      const forget = atExit(() => alive(proc.pid) && process.kill(proc.pid, "SIGKILL"));
+      void proc.exited.then(forget);
+      this.proc = proc;
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** Polls `ready` until it is true; fails early if the process exits, and with the log's tail either way. */
+  async waitReady(what: string, ready: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+    const check = async () => (this.exited() ? "exited" : (await ready()) && "ready");
+    const outcome = await waitFor(`${this.name}: ${what}`, check, timeoutMs, 200).catch((err: unknown) => this.fail(String(err)));
+    if (outcome === "exited") this.fail(`${this.name} exited with code ${this.proc?.exitCode ?? this.proc?.signalCode}`);
+  }
+
+  /** SIGTERM, then SIGKILL after a grace period; only ever this daemon's own PID. */
+  async stop(): Promise<void> {
+    const proc = this.proc;
+    if (!proc || this.exited()) return;
+    proc.kill("SIGTERM");
+    const timer = setTimeout(() => proc.kill("SIGKILL"), stopGraceMs);
+    await proc.exited;
+    clearTimeout(timer);
+  }
+
+  private exited(): boolean {
+    return this.proc?.exitCode != null || this.proc?.signalCode != null;
+  }
+
+  private fail(reason: string): never {
+    const lines = readFileSync(this.log, "utf8").trimEnd().split("\n");
+    throw new Error(`${reason}\n--- last lines of ${this.log} ---\n${lines.slice(-40).join("\n")}`);
+  }
+}

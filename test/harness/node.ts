@@ -1,0 +1,136 @@
+// A real worker node for e2e tests: systemd as PID 1 in its own namespaces over an overlay of the
+// host's / with a tmpfs upper layer (test/harness/node/boot.sh; /work/shared/notes/node-harness.md).
+// The node's systemd, D-Bus and containerd are the real ones; the agent under test runs inside it
+// (exec) and sees the node's paths, bus and sockets as its own.
+import { randomBytes } from "node:crypto";
+import { copyFile, chmod, mkdir, readFile, readlink, writeFile } from "node:fs/promises";
+import { dirname } from "node:path";
+import { atExit } from "./cleanup.ts";
+import { run, type RunResult } from "./exec.ts";
+
+const scripts = new URL("./node/", import.meta.url).pathname;
+const nodePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+export type ExecOptions = { input?: string; timeoutMs?: number; env?: Record<string, string> };
+
+export interface Node {
+  /** Unique per boot; also the node's hostname. */
+  name: string;
+  /** Host PID of the node's systemd (PID 1 inside). */
+  pid: number;
+  /** The node's filesystem seen from the host (/proc/PID/root). */
+  root: string;
+  /** The node's system bus, reachable from the host. */
+  busAddress: string;
+  /** eth0's address for net "bridge" (the host end is 10.233.0.1 on bridge trbr0). */
+  ip?: string;
+  /** Runs a command inside all of the node's namespaces (network included) with a clean environment. */
+  exec(cmd: string[], opts?: ExecOptions): Promise<RunResult>;
+  /** Like exec(), but throws with the output unless the command exits 0; returns stdout. */
+  execOk(cmd: string[], opts?: ExecOptions): Promise<string>;
+  readFile(path: string): Promise<string>;
+  writeFile(path: string, content: string | Uint8Array, mode?: number): Promise<void>;
+  /** Copies a host file into the node, e.g. dist/trellis to /opt/bin/trellis. */
+  install(hostPath: string, nodePath: string, mode?: number): Promise<void>;
+  /** Powers the node off and removes its cgroup and state; a no-op the second time. */
+  stop(): Promise<void>;
+}
+
+export type BootOptions = {
+  /** "private" (default): loopback only. "host": the host's network, to reach a server on 127.0.0.1.
+   *  "bridge": eth0 on host bridge trbr0 (10.233.0.0/24). */
+  net?: "host" | "private" | "bridge";
+  /** Run containerd.service (with /var/lib/containerd on a tmpfs); masked otherwise. */
+  containerd?: boolean;
+};
+
+/** Boots a node named `${prefix}-<random>`; `prefix` is at most 13 of [a-z0-9-]. */
+export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<Node> {
+  if (!/^[a-z0-9-]{1,13}$/.test(prefix)) throw new Error(`bad node name prefix "${prefix}" (want 1-13 of [a-z0-9-])`);
+  const name = `${prefix}-${randomBytes(3).toString("hex")}`;
+  const env = {
+    ...(process.env as Record<string, string>),
+    NODE_NET: opts.net ?? "private",
+    NODE_TMPFS: opts.containerd ? "/var/lib/containerd" : "",
+    NODE_MASK: opts.containerd ? "" : "containerd.service",
+  };
+  // Registered before booting: a crash halfway through boot must not leave a node behind either.
+  const forget = atExit(() => Bun.spawnSync([`${scripts}stop.sh`, name, "5"], { stdout: "ignore", stderr: "ignore" }));
+  const boot = await run([`${scripts}boot.sh`, name], { env, timeoutMs: 60_000 });
+  if (boot.code !== 0) {
+    const stop = await run([`${scripts}stop.sh`, name]);
+    forget();
+    throw new Error(`booting node ${name} failed (exit ${boot.code}):\n${boot.stderr}${stop.stderr}`);
+  }
+  const pid = Number(boot.stdout.trim());
+  const root = `/proc/${pid}/root`;
+  const ip = opts.net === "bridge" ? (await readFile(`/tmp/trellis-test/nodes/${name}/ip`, "utf8")).trim() : undefined;
+
+  let stopped: Promise<void> | undefined;
+  const exec = (cmd: string[], o: ExecOptions = {}) => {
+    const vars = Object.entries({ PATH: nodePath, HOME: "/root", LANG: "C.UTF-8", ...o.env }).map(([k, v]) => `${k}=${v}`);
+    return run(["nsenter", "-t", String(pid), "-a", "env", "-i", ...vars, ...cmd], { input: o.input, timeoutMs: o.timeoutMs });
+  };
+  return {
+    name,
+    pid,
+    root,
+    busAddress: `unix:path=${root}/run/dbus/system_bus_socket`,
+    ...(ip ? { ip } : {}),
+    exec,
+    execOk: async (cmd, o) => {
+      const r = await exec(cmd, o);
+      if (r.code !== 0) throw new Error(`[node ${name}] ${cmd.join(" ")} exited ${r.code}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
+      return r.stdout;
+    },
+    readFile: async (path) => readFile(await hostPath(root, path), "utf8"),
+    writeFile: async (path, content, mode = 0o644) => {
+      const target = await hostPath(root, path);
+      await mkdir(dirname(target), { recursive: true });
+      await writeFile(target, content);
+      await chmod(target, mode);
+    },
+    install: async (source, path, mode = 0o755) => {
+      const target = await hostPath(root, path);
+      await mkdir(dirname(target), { recursive: true });
+      await copyFile(source, target);
+      await chmod(target, mode);
+    },
+    stop: () =>
+      (stopped ??= (async () => {
+        const r = await run([`${scripts}stop.sh`, name]);
+        if (r.code !== 0) throw new Error(`stopping node ${name} failed (exit ${r.code}): ${r.stderr}`);
+        forget(); // only now: the exit hook retries a stop that failed
+      })()),
+  };
+}
+
+// The host path of `path` inside the node. Walking /proc/PID/root resolves an absolute symlink against
+// the HOST's root (the node's /var/run -> /run would land in the host's /run), so symlinks are
+// resolved here, within the node's root. Components that do not exist yet are kept as they are.
+async function hostPath(root: string, path: string): Promise<string> {
+  if (!path.startsWith("/")) throw new Error(`node path must be absolute: ${path}`);
+  const todo = path.split("/").filter((p) => p !== "" && p !== ".");
+  let resolved = "";
+  for (let links = 0; todo.length > 0; ) {
+    const part = todo.shift() as string;
+    if (part === "..") {
+      resolved = dirname(resolved || "/").replace(/^\/$/, "");
+      continue;
+    }
+    const candidate = `${resolved}/${part}`;
+    let target: string;
+    try {
+      target = await readlink(root + candidate);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code !== "EINVAL" && code !== "ENOENT" && code !== "ENOTDIR") throw err;
+      resolved = candidate; // not a symlink, or not there (yet)
+      continue;
+    }
+    if (++links > 40) throw new Error(`too many symlinks resolving ${path} in the node`);
+    todo.unshift(...target.split("/").filter((p) => p !== "" && p !== "."));
+    if (target.startsWith("/")) resolved = "";
+  }
+  return root + (resolved || "/");
+}

@@ -1,0 +1,74 @@
+// A plain-HTTP OCI registry on 127.0.0.1 (Debian's docker-registry, i.e. distribution 2.8) with its
+// storage in a per-run directory, and pushing OCI layouts into it with skopeo.
+import { closeSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { atExit } from "./cleanup.ts";
+import { freePort, runDir, runOk, waitFor } from "./exec.ts";
+
+export interface Registry {
+  /** "127.0.0.1:PORT", the registry part of image references. */
+  host: string;
+  pid: number;
+  /** Pushes tag `tag` of the OCI layout at `layoutDir` as REPO:TAG; returns the reference and manifest digest. */
+  push(layoutDir: string, repo: string, tag: string): Promise<{ ref: string; digest: string }>;
+  stop(): Promise<void>;
+}
+
+export async function startRegistry(): Promise<Registry> {
+  // freePort() can race with another process grabbing the port: then the registry exits, try another.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOn(await freePort());
+    } catch (err) {
+      if (attempt === 3) throw err;
+    }
+  }
+}
+
+async function startOn(port: number): Promise<Registry> {
+  const host = `127.0.0.1:${port}`;
+  const dir = runDir(`registry-${port}`);
+  writeFileSync(
+    `${dir}/config.yml`,
+    `version: 0.1\nlog: {level: warn}\nstorage:\n  filesystem: {rootdirectory: ${dir}/data}\nhttp: {addr: "${host}"}\n`,
+  );
+  const logFd = openSync(`${dir}/registry.log`, "a");
+  const proc = Bun.spawn(["docker-registry", "serve", `${dir}/config.yml`], { stdio: ["ignore", logFd, logFd] });
+  closeSync(logFd);
+  proc.unref(); // stop() ends it; a forgotten registry must not keep the test process alive (the exit hook kills it)
+  const running = () => proc.exitCode === null && proc.signalCode === null; // Bun knows: no PID reuse risk
+  const forget = atExit(() => running() && proc.kill("SIGKILL"));
+  const stop = async () => {
+    if (running()) {
+      proc.kill("SIGTERM");
+      const timer = setTimeout(() => proc.kill("SIGKILL"), 5_000);
+      await proc.exited;
+      clearTimeout(timer);
+    }
+    forget();
+    rmSync(dir, { recursive: true, force: true });
+  };
+  try {
+    // Fails fast when the registry exits (e.g. the port was taken in the meantime).
+    const died = proc.exited.then((code) => {
+      throw new Error(`docker-registry on ${host} exited ${code}: ${readFileSync(`${dir}/registry.log`, "utf8")}`);
+    });
+    died.catch(() => {}); // it also settles after a normal stop()
+    await Promise.race([waitFor(`registry on ${host}`, async () => (await fetch(`http://${host}/v2/`)).ok, 10_000, 50), died]);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return {
+    host,
+    pid: proc.pid,
+    push: async (layoutDir, repo, tag) => {
+      const ref = `${host}/${repo}:${tag}`;
+      const digestFile = `${dir}/push-${Date.now()}-${Math.random().toString(36).slice(2)}.digest`;
+      await runOk(["skopeo", "copy", "-q", "--dest-tls-verify=false", "--digestfile", digestFile, `oci:${layoutDir}:${tag}`, `docker://${ref}`]);
+      const digest = readFileSync(digestFile, "utf8").trim();
+      rmSync(digestFile);
+      return { ref, digest };
+    },
+    stop,
+  };
+}
