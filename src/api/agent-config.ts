@@ -88,7 +88,7 @@ export type ConfigResult = { ok: true; config: NodeAgentConfiguration } | { ok: 
 export function parseAgentConfig(text: string, source: string): ConfigResult {
   let doc: unknown;
   try {
-    doc = parseYaml(text);
+    doc = parseYaml(text, { version: "1.1" }); // as Go's yaml reads it: 0644 is octal, yes/no are booleans
   } catch (err) {
     return { ok: false, errors: [`${source}: not valid YAML: ${err instanceof Error ? err.message : String(err)}`] };
   }

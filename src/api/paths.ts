@@ -15,3 +15,27 @@ export const paths = {
   lastAppliedOsc: `${baseDir}/last-applied-osc.yaml`,
   binaryDir: "/opt/bin",
 } as const;
+
+/** The agent's own unit: the name gardener-node-agent uses, so Gardener's OSC restarts trellis. */
+export const agentUnit = "gardener-node-agent.service";
+/** Key of the OSC in the OSC Secret's data. */
+export const oscDataKey = "osc.yaml";
+
+/**
+ * Why `path` is not an acceptable absolute node path, or undefined when it is: it must be absolute
+ * and normalised (no "." or ".." segments, no "//", no trailing "/"), with no NUL byte.
+ */
+export function nodePathProblem(path: string): string | undefined {
+  if (path.includes("\0")) return "contains a NUL byte";
+  if (!path.startsWith("/")) return "is not absolute";
+  if (path === "/") return undefined;
+  if (path.endsWith("/")) return "ends with /";
+  if (path.includes("//")) return "contains //";
+  if (path.split("/").some((seg) => seg === "." || seg === "..")) return 'contains a "." or ".." segment';
+  return undefined;
+}
+
+export const systemdDir = "/etc/systemd/system";
+export const unitFilePath = (unit: string): string => `${systemdDir}/${unit}`;
+export const dropInPath = (unit: string, dropIn: string): string => `${systemdDir}/${unit}.d/${dropIn}`;
+export const dropInDir = (unit: string): string => `${systemdDir}/${unit}.d`;

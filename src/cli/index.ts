@@ -6,6 +6,8 @@ import { UsageError } from "./errors.ts";
 type Command = { summary: string; load: () => Promise<{ run(args: string[]): Promise<number> }> };
 
 const commands: Record<string, Command> = {
+  plan: { summary: "show what applying an OSC file would change on this machine, and why", load: () => import("./plan.ts") },
+  apply: { summary: "apply an OSC file to this machine without a cluster", load: () => import("./apply.ts") },
   version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
   whoami: { summary: "connect to the API server and print its version and who trellis is there", load: () => import("./whoami.ts") },
   systemd: { summary: "talk to systemd over D-Bus: daemon-reload, enable, disable, start, restart, stop, status", load: () => import("./systemd.ts") },

@@ -1,0 +1,203 @@
+// From an OperatingSystemConfig to the node's desired state: spec and status merged the way
+// gardener-node-agent merges them, files for other hosts dropped, every content decoded and hashed,
+// and every rule a node depends on checked. Any problem is reported with the object and field it
+// concerns, and then nothing at all is applied: a half-understood config must not reach the node.
+import { Buffer } from "node:buffer";
+import { createHash } from "node:crypto";
+import * as v from "valibot";
+import { parse as parseYaml } from "yaml";
+import { formatIssues } from "./issues.ts";
+import { type OperatingSystemConfig, OperatingSystemConfigSchema, type OscFile, type OscUnit } from "./osc.ts";
+import { dropInPath, nodePathProblem, unitFilePath } from "./paths.ts";
+
+export type UnitCommand = "start" | "restart" | "stop";
+export type DesiredFile = { path: string; mode: number; content: Uint8Array; sha256: string; origin: string };
+export type DesiredDropIn = { name: string; content: string; sha256: string };
+export type DesiredUnit = {
+  name: string;
+  /** Unit file text; absent for a unit that exists on the host (trellis then manages only drop-ins and state). */
+  content?: string;
+  sha256?: string;
+  enable: boolean;
+  command?: UnitCommand;
+  dropIns: DesiredDropIn[];
+  filePaths: string[];
+};
+export type Desired = {
+  units: DesiredUnit[];
+  files: DesiredFile[];
+  /** Parts of the OSC trellis cannot apply yet; applied around, and reported. */
+  unsupported: string[];
+};
+
+export type Result<T> = { ok: true; value: T } | { ok: false; errors: string[] };
+
+/** Gardener's default for files without permissions. */
+export const defaultFileMode = 0o600;
+/** Larger inline or secret content is refused: a node config file is never this big, an accident often is. */
+export const maxFileBytes = 4 * 1024 * 1024;
+
+const unitName = /^[A-Za-z0-9:_.\\@-]{1,250}\.(service|socket|device|mount|automount|swap|target|path|timer|slice|scope)$/;
+const dropInName = /^[^/\0]+\.conf$/;
+
+export const sha256Hex = (data: Uint8Array | string): string => createHash("sha256").update(data).digest("hex");
+
+/** Parses osc.yaml; errors name the source and field. */
+export function parseOsc(text: string, source: string): Result<OperatingSystemConfig> {
+  let doc: unknown;
+  try {
+    // YAML 1.1 as in Go's yaml (sigs.k8s.io/yaml), which writes and reads Gardener's OSCs: 0644 is octal.
+    doc = parseYaml(text, { version: "1.1", maxAliasCount: 100 });
+  } catch (err) {
+    return { ok: false, errors: [`${source}: not valid YAML: ${err instanceof Error ? err.message.split("\n")[0] : String(err)}`] };
+  }
+  const r = v.safeParse(OperatingSystemConfigSchema, doc);
+  return r.success ? { ok: true, value: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
+}
+
+/** The Secrets (kube-system) that the OSC's files reference, to be fetched before resolveDesired. */
+export function secretRefsOf(osc: OperatingSystemConfig): string[] {
+  const files = [...(osc.spec.files ?? []), ...(osc.status?.extensionFiles ?? [])];
+  return [...new Set(files.flatMap((f) => (f.content.secretRef ? [f.content.secretRef.name] : [])))];
+}
+
+export type ResolveContext = {
+  hostName: string;
+  /** data of kube-system Secrets by name (undefined: the Secret does not exist). */
+  secrets: ReadonlyMap<string, Readonly<Record<string, Uint8Array>> | undefined>;
+  source: string;
+};
+
+export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext): Result<Desired> {
+  const errors: string[] = [];
+  const unsupported: string[] = [];
+  const fail = (where: string, msg: string) => errors.push(`${ctx.source}: ${where}: ${msg}`);
+
+  const files: DesiredFile[] = [];
+  const fileOrigins = new Map<string, string>();
+  const fileLists: [string, OscFile[]][] = [
+    ["spec.files", osc.spec.files ?? []],
+    ["status.extensionFiles", osc.status?.extensionFiles ?? []],
+  ];
+  for (const [list, entries] of fileLists) {
+    entries.forEach((f, i) => {
+      const where = `${list}[${i}] (${f.path})`;
+      if (f.hostName != null && f.hostName !== ctx.hostName) return;
+      const problem = nodePathProblem(f.path);
+      const earlier = fileOrigins.get(f.path);
+      if (problem) fail(where, `path ${problem}`);
+      else if (earlier) fail(where, `duplicate path, also in ${earlier}`);
+      else fileOrigins.set(f.path, where);
+      // Decoded even when the path is wrong, so that every problem is reported at once.
+      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg), (msg) => unsupported.push(`${where}: ${msg}`));
+      if (content && !problem && !earlier) files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256: sha256Hex(content), origin: where });
+    });
+  }
+
+  const units = mergeUnits(osc.spec.units ?? [], osc.status?.extensionUnits ?? [], fail);
+  const managedPaths = new Map<string, string>();
+  for (const u of units) {
+    const where = `unit ${u.name}`;
+    if (!unitName.test(u.name)) {
+      fail(where, "name must be a systemd unit name like kubelet.service (letters, digits, :_.\\@-, a unit type suffix, no /)");
+      continue;
+    }
+    if (u.content?.includes("\0")) fail(`${where}.content`, "contains a NUL byte");
+    if (u.content !== undefined) managedPaths.set(unitFilePath(u.name), where);
+    const seen = new Set<string>();
+    for (const d of u.dropIns) {
+      if (!dropInName.test(d.name) || d.name.includes("..")) fail(`${where}.dropIns[${d.name}]`, "name must be a file name ending in .conf, without /");
+      else if (seen.has(d.name)) fail(`${where}.dropIns[${d.name}]`, "duplicate drop-in name");
+      else managedPaths.set(dropInPath(u.name, d.name), `${where}.dropIns[${d.name}]`);
+      seen.add(d.name);
+    }
+    for (const p of u.filePaths) {
+      const problem = nodePathProblem(p);
+      if (problem) fail(`${where}.filePaths (${p})`, `path ${problem}`);
+    }
+  }
+  for (const f of files) {
+    const owner = managedPaths.get(f.path);
+    if (owner) fail(f.origin, `path is also written by ${owner}`);
+  }
+  return errors.length ? { ok: false, errors } : { ok: true, value: { units, files, unsupported } };
+}
+
+type Fail = (where: string, msg: string) => void;
+
+// Units merged by name as gardener-node-agent does: later entries override enable, command and
+// content, and append drop-ins and filePaths. Duplicates within one list are a mistake, not a merge.
+function mergeUnits(spec: OscUnit[], status: OscUnit[], fail: Fail): DesiredUnit[] {
+  const out = new Map<string, DesiredUnit>();
+  for (const [list, entries] of [["spec.units", spec], ["status.extensionUnits", status]] as const) {
+    const names = new Set<string>();
+    entries.forEach((u, i) => {
+      if (names.has(u.name)) fail(`${list}[${i}] (${u.name})`, "duplicate unit name");
+      names.add(u.name);
+      const prev = out.get(u.name);
+      const dropIns = (u.dropIns ?? []).map((d) => ({ name: d.name, content: d.content, sha256: sha256Hex(d.content) }));
+      const content = u.content ?? prev?.content;
+      const command = u.command ?? prev?.command;
+      out.set(u.name, {
+        name: u.name,
+        ...(content !== undefined ? { content, sha256: sha256Hex(content) } : {}),
+        enable: u.enable ?? prev?.enable ?? true,
+        ...(command ? { command } : {}),
+        dropIns: [...(prev?.dropIns ?? []), ...dropIns],
+        filePaths: [...new Set([...(prev?.filePaths ?? []), ...(u.filePaths ?? [])])],
+      });
+    });
+  }
+  return [...out.values()];
+}
+
+function decodeContent(
+  f: OscFile,
+  ctx: ResolveContext,
+  fail: (field: string, msg: string) => void,
+  unsupported: (msg: string) => void,
+): Uint8Array | undefined {
+  const { inline, secretRef, imageRef } = f.content;
+  const given = [inline && "inline", secretRef && "secretRef", imageRef && "imageRef"].filter(Boolean);
+  if (given.length !== 1) {
+    fail(given.length ? given.join("+") : "inline", `exactly one of inline, secretRef, imageRef is required (got ${given.length ? given.join(", ") : "none"})`);
+    return undefined;
+  }
+  let data: Uint8Array | undefined;
+  if (inline) data = decodeInline(inline.encoding, inline.data, fail);
+  else if (secretRef) {
+    const secret = ctx.secrets.get(secretRef.name);
+    if (!secret) fail("secretRef", `secret kube-system/${secretRef.name} not found`);
+    else if (!(secretRef.dataKey in secret)) fail("secretRef", `secret kube-system/${secretRef.name} has no key "${secretRef.dataKey}"`);
+    else data = secret[secretRef.dataKey];
+  } else if (imageRef) {
+    unsupported(`imageRef files (${imageRef.image}, ${imageRef.filePathInImage}) are not supported yet; the file is left as it is`);
+  }
+  if (data && data.byteLength > maxFileBytes) {
+    fail(inline ? "inline.data" : "secretRef", `content is ${data.byteLength} bytes, more than the limit of ${maxFileBytes}`);
+    return undefined;
+  }
+  return data;
+}
+
+const base64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+function decodeInline(encoding: string, data: string, fail: (field: string, msg: string) => void): Uint8Array | undefined {
+  switch (encoding) {
+    case "":
+    case "plain":
+      return new TextEncoder().encode(data);
+    case "b64":
+    case "base64": {
+      const compact = data.replace(/\s+/g, "");
+      if (!base64.test(compact)) {
+        fail("inline.data", `not valid base64 (encoding "${encoding}")`);
+        return undefined;
+      }
+      return new Uint8Array(Buffer.from(compact, "base64"));
+    }
+    default:
+      fail("inline.encoding", `unknown encoding "${encoding}" (use "", "plain", "b64" or "base64")`);
+      return undefined;
+  }
+}

@@ -1,0 +1,54 @@
+// OperatingSystemConfig (extensions.gardener.cloud/v1alpha1) as gardener-node-agent reads it from the
+// OSC Secret's `osc.yaml`. Only the fields the agent uses are typed; unknown fields pass through so a
+// newer Gardener does not break the agent. The schema checks shapes; desired.ts checks meaning.
+import * as v from "valibot";
+
+const unitCommand = v.picklist(["start", "restart", "stop"]);
+
+export const DropInSchema = v.object({ name: v.string(), content: v.string() });
+
+export const UnitSchema = v.looseObject({
+  name: v.string(),
+  command: v.optional(v.nullable(unitCommand)),
+  enable: v.optional(v.nullable(v.boolean())),
+  content: v.optional(v.nullable(v.string())),
+  dropIns: v.optional(v.nullable(v.array(DropInSchema))),
+  filePaths: v.optional(v.nullable(v.array(v.string()))),
+});
+
+export const FileContentSchema = v.looseObject({
+  inline: v.optional(v.nullable(v.object({ encoding: v.optional(v.string(), ""), data: v.string() }))),
+  secretRef: v.optional(v.nullable(v.object({ name: v.string(), dataKey: v.string() }))),
+  imageRef: v.optional(v.nullable(v.object({ image: v.string(), filePathInImage: v.string() }))),
+  transmitUnencoded: v.optional(v.nullable(v.boolean())),
+});
+
+export const FileSchema = v.looseObject({
+  path: v.string(),
+  permissions: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0o7777)))),
+  content: FileContentSchema,
+  hostName: v.optional(v.nullable(v.string())),
+});
+
+export const OperatingSystemConfigSchema = v.looseObject({
+  apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
+  kind: v.literal("OperatingSystemConfig"),
+  spec: v.looseObject({
+    purpose: v.optional(v.nullable(v.string())),
+    units: v.optional(v.nullable(v.array(UnitSchema))),
+    files: v.optional(v.nullable(v.array(FileSchema))),
+    criConfig: v.optional(v.nullable(v.looseObject({}))),
+  }),
+  status: v.optional(
+    v.nullable(
+      v.looseObject({
+        extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
+        extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
+      }),
+    ),
+  ),
+});
+
+export type OperatingSystemConfig = v.InferOutput<typeof OperatingSystemConfigSchema>;
+export type OscUnit = v.InferOutput<typeof UnitSchema>;
+export type OscFile = v.InferOutput<typeof FileSchema>;

@@ -1,0 +1,214 @@
+// Brings the node to a desired state: plan (or resume the interrupted plan for the same OSC), persist
+// the plan, execute it step by step through the host adapters, and record progress at checkpoints.
+//
+// - A failed write, removal or daemon-reload stops the apply before any unit is touched: units must
+//   not restart on half-written configuration. The steps run again on the next attempt.
+// - A failed unit operation does not stop the others; it stays pending in the persisted plan and is
+//   retried by the next attempt (the caller backs off between attempts).
+// - The agent's own unit restarts last, after every other step was attempted, even if one failed.
+// - The last-applied record is written only when every step succeeded.
+import type { Desired } from "../api/desired.ts";
+import { dropInDir } from "../api/paths.ts";
+import type { AgentState, Owned, Progress } from "../api/state.ts";
+import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import type { Logger } from "../log.ts";
+import { describeError } from "../log.ts";
+import { ownedAfter, settleOwned } from "../plan/owned.ts";
+import { makePlan } from "../plan/plan.ts";
+import type { Plan, Step } from "../plan/types.ts";
+import { observe } from "./observe.ts";
+import type { StateStore } from "./state-store.ts";
+
+export type ApplyDeps = {
+  files: Files;
+  systemd: Systemd;
+  store: StateStore;
+  log: Logger;
+  /** The agent's own unit (restarted last). */
+  selfUnit: string;
+  now?: () => Date;
+};
+
+export type StepFailure = { step: Step; error: string };
+
+export type ApplyOutcome = {
+  checksum: string;
+  plan: Plan;
+  /** Whether this apply resumed a plan an earlier run had persisted. */
+  resumed: boolean;
+  executed: Step[];
+  failures: StepFailure[];
+  /** Everything succeeded and the last-applied record was written. */
+  complete: boolean;
+};
+
+/** Applies `desired` (from the OSC with this checksum; `oscYaml` is recorded as last applied on success). */
+export async function applyDesired(desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps): Promise<ApplyOutcome> {
+  let state = await deps.store.read();
+  let progress = state.progress;
+  let resumed = false;
+  if (progress && progress.checksum !== checksum) {
+    // The OSC changed while an apply was unfinished: keep what it wrote as owned, and its pending
+    // restarts, then plan the new OSC from scratch.
+    const carried = await abandon(progress, state.owned, deps.files);
+    state = { ...state, owned: carried.owned, progress: undefined };
+    progress = undefined;
+    deps.log.info("an unfinished apply of an older OSC was superseded", { checksum, pendingRestarts: carried.pending });
+    const fresh = await planFresh(desired, checksum, state.owned, deps);
+    progress = { checksum, plan: withPending(fresh, carried.pending, desired, deps.selfUnit), done: [] };
+  } else if (progress) {
+    resumed = true;
+    deps.log.info("resuming an unfinished apply", { checksum, steps: progress.plan.steps.length, done: progress.done.length });
+  } else {
+    progress = { checksum, plan: await planFresh(desired, checksum, state.owned, deps), done: [] };
+  }
+
+  if (progress.plan.steps.length === 0) {
+    state = await finish(state, desired, checksum, oscYaml, deps);
+    return { checksum, plan: progress.plan, resumed, executed: [], failures: [], complete: true };
+  }
+  state = { ...state, progress };
+  await deps.store.write(state); // the plan is on disk before its first step runs
+
+  const run = await execute(progress, state, desired, deps);
+  state = run.state;
+  const complete = run.failures.length === 0;
+  if (complete) state = await finish(state, desired, checksum, oscYaml, deps);
+  else await deps.store.write(state);
+  if (run.self) {
+    // After this the agent is stopped by systemd; everything is recorded already.
+    deps.log.info("restarting the agent's own unit last", { unit: deps.selfUnit, reason: run.self.reason });
+    await runStep(run.self, desired, deps).catch((err: unknown) => {
+      run.failures.push({ step: run.self as Step, error: describe(err) });
+    });
+  }
+  return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete };
+}
+
+async function planFresh(desired: Desired, checksum: string, owned: Owned, deps: ApplyDeps): Promise<Plan> {
+  const observed = await observe(desired, owned, deps.files, deps.systemd);
+  return makePlan({ checksum, desired, owned, observed, selfUnit: deps.selfUnit });
+}
+
+type Run = { state: AgentState; executed: Step[]; failures: StepFailure[]; self?: Step };
+
+async function execute(progress: Progress, start: AgentState, desired: Desired, deps: ApplyDeps): Promise<Run> {
+  let state = start;
+  const done = new Set(progress.done);
+  const executed: Step[] = [];
+  const failures: StepFailure[] = [];
+  const checkpoint = async () => {
+    state = { ...state, progress: { ...progress, done: [...done].sort((a, b) => a - b) } };
+    await deps.store.write(state);
+  };
+  let self: Step | undefined;
+  let unitPhase = false;
+  for (const [i, step] of progress.plan.steps.entries()) {
+    if (done.has(i)) continue;
+    if (step.kind === "restart" && step.unit === deps.selfUnit) {
+      // Marked done before it runs: the restart ends this process, and must not loop on resume.
+      done.add(i);
+      self = step;
+      continue;
+    }
+    const isUnitOp = step.kind === "enable" || step.kind === "disable" || step.kind === "stop" || step.kind === "restart";
+    if (isUnitOp && !unitPhase) {
+      unitPhase = true;
+      await checkpoint(); // files and unit files are in place: record them before units change
+    }
+    try {
+      await runStep(step, desired, deps);
+      executed.push(step);
+      state = { ...state, owned: ownedAfter(state.owned, step) };
+      done.add(i);
+      if (isUnitOp) await checkpoint();
+    } catch (err) {
+      const error = describe(err);
+      failures.push({ step, error });
+      deps.log.error("step failed", { step: stepName(step), error });
+      if (!isUnitOp) {
+        await checkpoint();
+        return { state, executed, failures }; // nothing else runs on half-written configuration
+      }
+    }
+  }
+  await checkpoint();
+  return { state, executed, failures, ...(self ? { self } : {}) };
+}
+
+async function runStep(step: Step, desired: Desired, deps: ApplyDeps): Promise<void> {
+  switch (step.kind) {
+    case "write":
+      return deps.files.writeAtomic(step.path, contentFor(step, desired), step.mode);
+    case "remove":
+      await deps.files.remove(step.path);
+      if (step.target.type === "drop-in") await deps.files.removeDirIfEmpty(dropInDir(step.target.unit));
+      return;
+    case "daemon-reload":
+      return deps.systemd.daemonReload();
+    case "enable":
+      await deps.systemd.enableUnits([step.unit]);
+      return;
+    case "disable":
+      await deps.systemd.disableUnits([step.unit]);
+      return;
+    case "stop":
+      return deps.systemd.stop(step.unit);
+    case "restart":
+      return deps.systemd.restart(step.unit);
+  }
+}
+
+function contentFor(step: Extract<Step, { kind: "write" }>, desired: Desired): Uint8Array | string {
+  const t = step.target;
+  const content =
+    t.type === "file"
+      ? desired.files.find((f) => f.path === step.path && f.sha256 === step.sha256)?.content
+      : t.type === "unit"
+        ? desired.units.find((u) => u.name === t.unit && u.sha256 === step.sha256)?.content
+        : desired.units.find((u) => u.name === t.unit)?.dropIns.find((d) => d.name === t.name && d.sha256 === step.sha256)?.content;
+  // A resumed plan belongs to the same OSC checksum, so its content is always there.
+  if (content === undefined) throw new Error(`no content with sha256 ${step.sha256} for ${step.path} in the desired state`);
+  return content;
+}
+
+async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps): Promise<AgentState> {
+  const at = (deps.now?.() ?? new Date()).toISOString();
+  if (state.lastApplied?.checksum !== checksum) await deps.store.writeLastAppliedOsc(oscYaml);
+  const next: AgentState = { version: 1, owned: settleOwned(state.owned, desired), lastApplied: { checksum, at } };
+  await deps.store.write(next);
+  return next;
+}
+
+/** An unfinished plan being superseded: adopt what it wrote, and return the unit steps it still owed. */
+async function abandon(progress: Progress, owned: Owned, files: Files): Promise<{ owned: Owned; pending: Step[] }> {
+  let next = owned;
+  const pending: Step[] = [];
+  for (const [i, step] of progress.plan.steps.entries()) {
+    if (progress.done.includes(i)) continue;
+    if (step.kind === "write" && (await files.sha256(step.path)) === step.sha256) next = ownedAfter(next, step);
+    if (step.kind === "restart" || step.kind === "stop") pending.push(step);
+  }
+  return { owned: next, pending };
+}
+
+// Restarts an abandoned plan still owed are kept for units that are still desired and not to be
+// stopped; the new plan may already restart them.
+function withPending(plan: Plan, pending: Step[], desired: Desired, selfUnit: string): Plan {
+  const running = new Set(desired.units.filter((u) => u.enable && u.command !== "stop").map((u) => u.name));
+  const planned = new Set(plan.steps.flatMap((s) => (s.kind === "restart" || s.kind === "stop" ? [s.unit] : [])));
+  const extra = pending.filter((s): s is Extract<Step, { kind: "restart" }> => s.kind === "restart" && running.has(s.unit) && !planned.has(s.unit));
+  if (extra.length === 0) return plan;
+  const carried = extra.map((s) => ({ ...s, reason: `${s.reason} (owed by an unfinished apply)` }));
+  const self = plan.steps.filter((s) => s.kind === "restart" && s.unit === selfUnit);
+  const rest = plan.steps.filter((s) => !self.includes(s));
+  const ordered = [...rest, ...carried.filter((s) => s.unit !== selfUnit), ...self, ...carried.filter((s) => s.unit === selfUnit)];
+  return { ...plan, steps: ordered };
+}
+
+function stepName(step: Step): string {
+  return step.kind === "write" || step.kind === "remove" ? `${step.kind} ${step.path}` : step.kind === "daemon-reload" ? step.kind : `${step.kind} ${step.unit}`;
+}
+
+const describe = (err: unknown) => (err instanceof Error ? describeError(err) : String(err));

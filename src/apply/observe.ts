@@ -1,0 +1,37 @@
+// Reads what the plan needs to know about the node: the hash and mode of every path it may touch,
+// and, when systemd is at hand, the units' enablement and activity.
+import type { Desired } from "../api/desired.ts";
+import { dropInPath, unitFilePath } from "../api/paths.ts";
+import type { Owned } from "../api/state.ts";
+import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import type { Observed } from "../plan/types.ts";
+
+export async function observe(desired: Desired, owned: Owned, files: Files, systemd: Systemd | undefined): Promise<Observed> {
+  const paths = new Set<string>([...desired.files.map((f) => f.path), ...Object.keys(owned.files)]);
+  const units = new Set<string>([...desired.units.map((u) => u.name), ...Object.keys(owned.units)]);
+  for (const u of desired.units) {
+    paths.add(unitFilePath(u.name));
+    for (const d of u.dropIns) paths.add(dropInPath(u.name, d.name));
+  }
+  for (const [name, u] of Object.entries(owned.units)) {
+    paths.add(unitFilePath(name));
+    for (const d of Object.keys(u.dropIns)) paths.add(dropInPath(name, d));
+  }
+  const observedFiles = new Map<string, { sha256: string; mode: number } | null>();
+  await Promise.all(
+    [...paths].map(async (path) => {
+      const st = await files.stat(path);
+      if (!st || st.kind !== "file") return observedFiles.set(path, null);
+      const sha256 = await files.sha256(path);
+      observedFiles.set(path, sha256 === undefined ? null : { sha256, mode: st.mode });
+    }),
+  );
+  if (!systemd) return { files: observedFiles };
+  const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
+  for (const name of units) {
+    const s = await systemd.unitStatus(name);
+    observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
+  }
+  return { files: observedFiles, units: observedUnits };
+}

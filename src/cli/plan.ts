@@ -1,0 +1,55 @@
+import { parseArgs } from "node:util";
+import { agentUnit } from "../api/paths.ts";
+import { observe } from "../apply/observe.ts";
+import { createStateStore } from "../apply/state-store.ts";
+import { createFiles } from "../host/files.ts";
+import { createSystemd, SystemdError } from "../host/systemd.ts";
+import { makePlan } from "../plan/plan.ts";
+import { renderPlan } from "../plan/render.ts";
+import { UsageError } from "./errors.ts";
+import { readOscFile } from "./osc-file.ts";
+
+const help = `usage: trellis plan --osc FILE [--root DIR] [--hostname NAME] [--json]
+
+Prints what applying the OperatingSystemConfig in FILE (the OSC YAML, or its Secret as
+kubectl prints it) would change on this machine, and why, without changing anything.
+--root DIR plans for a machine image mounted at DIR (systemd is not consulted then).
+Exit code 0: nothing to do; 3: there are changes; 1: the OSC or the machine could not be read.`;
+
+export async function run(args: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      osc: { type: "string" },
+      root: { type: "string", default: "/" },
+      hostname: { type: "string" },
+      json: { type: "boolean", default: false },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (values.help) {
+    console.log(help);
+    return 0;
+  }
+  if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
+  const input = readOscFile(values.osc, values.hostname);
+  const files = createFiles(values.root);
+  const state = await createStateStore(files).read();
+  const systemd = values.root === "/" ? createSystemd({ callTimeoutMs: 5_000 }) : undefined;
+  try {
+    const observed = await observe(input.desired, state.owned, files, systemd).catch(async (err: unknown) => {
+      if (!(err instanceof SystemdError) || (err.kind !== "connection" && err.kind !== "timeout")) throw err;
+      console.error(`note: systemd is not reachable (${err.message}); planning from the files alone`);
+      return observe(input.desired, state.owned, files, undefined);
+    });
+    const plan = makePlan({ checksum: input.checksum, desired: input.desired, owned: state.owned, observed, selfUnit: agentUnit });
+    if (values.json) console.log(JSON.stringify({ ...plan, unsupported: input.desired.unsupported }, null, 2));
+    else {
+      console.log(renderPlan(plan));
+      for (const u of input.desired.unsupported) console.log(`note: ${u}`);
+    }
+    return plan.steps.length === 0 ? 0 : 3;
+  } finally {
+    systemd?.close();
+  }
+}

@@ -1,0 +1,373 @@
+// The node's files, through a root prefix: "/" on a node, a directory for `trellis plan --root DIR` and
+// tests. trellis can be killed (-9, power loss) at any instant, so a file it writes is always either the
+// old or the new complete content: temp file in the same directory, fsync, rename over the target, fsync
+// the directory. Paths given to the adapter are absolute node paths; errors name the node path.
+import { createHash, randomBytes } from "node:crypto";
+import { chmod, lstat, mkdir, open, readdir, readFile, realpath, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { basename, dirname, join, relative, resolve } from "node:path";
+
+export type FileKind = "file" | "dir" | "symlink" | "other";
+
+export type FileStat = {
+  /** Permission bits only (setuid, setgid and sticky included). */
+  mode: number;
+  size: number;
+  kind: FileKind;
+};
+
+export interface Files {
+  /** The absolute host directory node paths are mapped under ("/" on a node). */
+  readonly root: string;
+  /** Content, or undefined when the path does not exist (any other error throws FileError). */
+  read(path: string): Promise<Uint8Array | undefined>;
+  /** Does not follow a final symlink; undefined when the path does not exist. */
+  stat(path: string): Promise<FileStat | undefined>;
+  /** sha256 hex of the content, or undefined when missing. */
+  sha256(path: string): Promise<string | undefined>;
+  /**
+   * Atomic replace with exactly `mode` whatever the umask; the new file is owned by this process's user.
+   * Missing parent directories are created with mode 0755. A directory at `path` is a FileError.
+   */
+  writeAtomic(path: string, content: Uint8Array | string, mode: number): Promise<void>;
+  /** Removes a file or symlink (not a directory); false if it was not there. */
+  remove(path: string): Promise<boolean>;
+  /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
+  removeDirIfEmpty(path: string): Promise<boolean>;
+  /** Names in a directory, sorted; [] if it is missing. */
+  list(dir: string): Promise<string[]>;
+  /**
+   * Deletes the temp files killed writers left in `dir` and returns their names. Writes in flight in this
+   * adapter keep theirs; no other process may be writing into `dir` meanwhile.
+   */
+  cleanupTemp(dir: string): Promise<string[]>;
+}
+
+export class FileError extends Error {
+  override name = "FileError";
+  constructor(
+    /** The adapter operation (read, writeAtomic, ...). */
+    readonly op: string,
+    /** The node path the operation was given. */
+    readonly path: string,
+    /** What went wrong, without the op/path prefix of `message`. */
+    readonly reason: string,
+    options?: { cause?: unknown; root?: string },
+  ) {
+    const under = options?.root && options.root !== "/" ? ` (root ${options.root})` : "";
+    super(`${op} ${JSON.stringify(path)}${under}: ${reason}`, options);
+  }
+}
+
+/**
+ * Throws FileError unless `path` is absolute, normalised (no "." or ".." segments, no "//", no trailing
+ * slash except "/") and free of NUL bytes. The adapter checks every path it is given with this.
+ */
+export function checkNodePath(path: string, op = "checkNodePath"): void {
+  const problem = pathProblem(path);
+  if (problem !== undefined) throw new FileError(op, path, problem);
+}
+
+function pathProblem(path: string): string | undefined {
+  if (path.includes("\0")) return "contains a NUL byte";
+  if (!path.startsWith("/")) return "is not absolute";
+  if (path === "/") return undefined;
+  if (path.endsWith("/")) return "has a trailing slash";
+  if (path.includes("//")) return 'has an empty segment ("//")';
+  if (path.split("/").some((s) => s === "." || s === "..")) return 'has a "." or ".." segment';
+  return undefined;
+}
+
+// `.<basename>.trellis-tmp-<pid>-<12 hex>`: hidden, unique across processes and calls, and recognisable
+// by cleanupTemp. The basename is cut so that the name stays under NAME_MAX (255 bytes) even in UTF-8.
+const tempPattern = /^\..*\.trellis-tmp-\d+-[0-9a-f]{12}$/s;
+const tempName = (base: string) => `.${base.slice(0, 64)}.trellis-tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
+
+const errno = (err: unknown) => (err as { code?: unknown } | null)?.code;
+
+const reasons: Record<string, string> = {
+  EISDIR: "is a directory",
+  ENOTDIR: "not a directory",
+  EACCES: "permission denied",
+  EROFS: "read-only file system",
+  ENOSPC: "no space left on device",
+  ELOOP: "too many levels of symbolic links",
+};
+
+function describe(err: unknown): string {
+  const code = errno(err);
+  if (typeof code === "string" && reasons[code]) return `${reasons[code]} (${code})`;
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** Does anything (a dangling symlink included) exist at `p`? Other errors than "missing" throw as they are. */
+async function lexists(p: string): Promise<boolean> {
+  try {
+    await lstat(p);
+    return true;
+  } catch (err) {
+    if (errno(err) === "ENOENT" || errno(err) === "ENOTDIR") return false;
+    throw err;
+  }
+}
+
+/** Does `err`, from an operation on `p`, mean nothing is there? ENOTDIR may also mean `p` is a file. */
+async function absent(p: string, err: unknown): Promise<boolean> {
+  if (errno(err) === "ENOENT") return true;
+  return errno(err) === "ENOTDIR" && !(await lexists(p).catch(() => true));
+}
+
+function kindOf(s: { isFile(): boolean; isDirectory(): boolean; isSymbolicLink(): boolean }): FileKind {
+  if (s.isFile()) return "file";
+  if (s.isDirectory()) return "dir";
+  return s.isSymbolicLink() ? "symlink" : "other";
+}
+
+async function hashHandle(fh: FileHandle): Promise<string> {
+  const hash = createHash("sha256");
+  const buf = new Uint8Array(1 << 20); // streamed: binaries under /opt/bin are hashed too
+  for (;;) {
+    const { bytesRead } = await fh.read(buf, 0, buf.length, null);
+    if (bytesRead === 0) return hash.digest("hex");
+    hash.update(buf.subarray(0, bytesRead));
+  }
+}
+
+export function createFiles(rootDir = "/"): Files {
+  const root = resolve(rootDir);
+  // Host paths of the temp files writes in flight are filling: cleanupTemp must not pull them away.
+  const inFlight = new Set<string>();
+
+  const fail = (op: string, path: string, reason: string, cause?: unknown) => new FileError(op, path, reason, { cause, root });
+  const host = (path: string) => (root === "/" ? path : path === "/" ? root : root + path);
+
+  /** Checks `path` and returns its host path. `follow`: the operation follows a final symlink. */
+  async function locate(op: string, path: string, follow: boolean): Promise<string> {
+    checkNodePath(path, op);
+    if (root !== "/") await confine(op, path, host(follow ? path : dirname(path)));
+    return host(path);
+  }
+
+  // Under a root other than "/", an absolute symlink in the tree (a copied node's /var/run -> /run)
+  // leads outside it: refuse unless the deepest existing ancestor of `anchor` resolves inside root.
+  async function confine(op: string, path: string, anchor: string): Promise<void> {
+    let realRoot: string;
+    try {
+      realRoot = await realpath(root);
+    } catch (err) {
+      throw fail(op, path, `cannot resolve the root: ${describe(err)}`, err);
+    }
+    const real = await realAncestor(op, path, anchor);
+    const rel = relative(realRoot, real);
+    if (rel === ".." || rel.startsWith("../")) throw fail(op, path, `a symlink leads outside the root (to ${real})`);
+  }
+
+  async function realAncestor(op: string, path: string, anchor: string): Promise<string> {
+    for (let p = anchor; ; p = dirname(p)) {
+      try {
+        return await realpath(p);
+      } catch (err) {
+        // The root itself resolved a moment ago, so the walk ends there at the latest.
+        if (errno(err) !== "ENOENT" && errno(err) !== "ENOTDIR") throw fail(op, path, `resolving ${p}: ${describe(err)}`, err);
+      }
+    }
+  }
+
+  async function syncDir(op: string, path: string, dir: string): Promise<void> {
+    let fh: FileHandle | undefined;
+    try {
+      fh = await open(dir, "r");
+      await fh.sync();
+    } catch (err) {
+      throw fail(op, path, `fsync of directory ${dir}: ${describe(err)}`, err);
+    } finally {
+      await fh?.close();
+    }
+  }
+
+  // mkdir -p, except that each directory made gets exactly 0755 (mkdir's mode is masked by the umask)
+  // and is fsynced into its parent: a crash must not lose a directory a file was already renamed into.
+  async function makeParents(op: string, path: string, dir: string): Promise<void> {
+    const missing: string[] = [];
+    try {
+      for (let d = dir; !(await lexists(d)); d = dirname(d)) missing.unshift(d);
+    } catch (err) {
+      throw fail(op, path, `looking for missing parents of ${dir}: ${describe(err)}`, err);
+    }
+    for (const d of missing) {
+      try {
+        await mkdir(d, 0o755);
+        await chmod(d, 0o755);
+      } catch (err) {
+        throw fail(op, path, `creating directory ${d}: ${describe(err)}`, err);
+      }
+      await syncDir(op, path, dirname(d));
+    }
+  }
+
+  // "wx" is O_CREAT|O_EXCL: never opens an existing file or follows a symlink planted at the temp path.
+  // 0600 until the fchmod, so the content is never readable by others before it is complete.
+  async function createTemp(op: string, path: string, temp: string): Promise<FileHandle> {
+    try {
+      return await open(temp, "wx", 0o600);
+    } catch (err) {
+      if (errno(err) !== "ENOENT") throw fail(op, path, `creating temp file ${temp}: ${describe(err)}`, err);
+    }
+    await makeParents(op, path, dirname(temp));
+    try {
+      return await open(temp, "wx", 0o600);
+    } catch (err) {
+      throw fail(op, path, `creating temp file ${temp}: ${describe(err)}`, err);
+    }
+  }
+
+  /** Removes the temp file of a failed write and returns the FileError to throw (naming both failures). */
+  async function abandon(op: string, path: string, temp: string, step: string, err: unknown): Promise<FileError> {
+    let reason = `${step}: ${describe(err)}`;
+    try {
+      await unlink(temp);
+    } catch (unlinkErr) {
+      if (errno(unlinkErr) !== "ENOENT") reason += `; removing the temp file ${temp} failed too: ${describe(unlinkErr)}`;
+    }
+    return fail(op, path, reason, err);
+  }
+
+  async function fillTemp(op: string, path: string, temp: string, content: Uint8Array | string, mode: number): Promise<void> {
+    const fh = await createTemp(op, path, temp);
+    let failure: unknown;
+    try {
+      await fh.writeFile(content);
+      await fh.chmod(mode); // after writing: a write by a non-root user would clear setuid/setgid
+      await fh.sync();
+    } catch (err) {
+      failure = err;
+    }
+    try {
+      await fh.close();
+    } catch (err) {
+      failure ??= err;
+    }
+    if (failure !== undefined) throw await abandon(op, path, temp, `writing temp file ${temp}`, failure);
+  }
+
+  return {
+    root,
+
+    async read(path) {
+      const p = await locate("read", path, true);
+      try {
+        return await readFile(p);
+      } catch (err) {
+        if (await absent(p, err)) return undefined;
+        throw fail("read", path, describe(err), err);
+      }
+    },
+
+    async stat(path) {
+      const p = await locate("stat", path, false);
+      try {
+        const s = await lstat(p);
+        return { mode: s.mode & 0o7777, size: s.size, kind: kindOf(s) };
+      } catch (err) {
+        if (await absent(p, err)) return undefined;
+        throw fail("stat", path, describe(err), err);
+      }
+    },
+
+    async sha256(path) {
+      const p = await locate("sha256", path, true);
+      let fh: FileHandle;
+      try {
+        fh = await open(p, "r");
+      } catch (err) {
+        if (await absent(p, err)) return undefined;
+        throw fail("sha256", path, describe(err), err);
+      }
+      try {
+        return await hashHandle(fh);
+      } catch (err) {
+        throw fail("sha256", path, describe(err), err);
+      } finally {
+        await fh.close();
+      }
+    },
+
+    async writeAtomic(path, content, mode) {
+      const op = "writeAtomic";
+      const target = await locate(op, path, false);
+      if (path === "/") throw fail(op, path, "cannot replace the root directory");
+      if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw fail(op, path, `mode ${mode} is not a permission mode (0 to 0o7777)`);
+      const dir = dirname(target);
+      const temp = join(dir, tempName(basename(target)));
+      inFlight.add(temp);
+      try {
+        await fillTemp(op, path, temp, content, mode);
+        try {
+          await rename(temp, target);
+        } catch (err) {
+          throw await abandon(op, path, temp, "renaming the temp file over it", err);
+        }
+      } finally {
+        inFlight.delete(temp);
+      }
+      await syncDir(op, path, dir);
+    },
+
+    async remove(path) {
+      const p = await locate("remove", path, false);
+      try {
+        await unlink(p);
+      } catch (err) {
+        if (await absent(p, err)) return false;
+        throw fail("remove", path, describe(err), err);
+      }
+      await syncDir("remove", path, dirname(p));
+      return true;
+    },
+
+    async removeDirIfEmpty(path) {
+      const p = await locate("removeDirIfEmpty", path, false);
+      try {
+        await rmdir(p);
+      } catch (err) {
+        if (errno(err) === "ENOTEMPTY" || errno(err) === "EEXIST" || (await absent(p, err))) return false;
+        throw fail("removeDirIfEmpty", path, describe(err), err);
+      }
+      await syncDir("removeDirIfEmpty", path, dirname(p));
+      return true;
+    },
+
+    async list(dir) {
+      const p = await locate("list", dir, true);
+      try {
+        return (await readdir(p)).sort(); // sorted: plans built from listings must be deterministic
+      } catch (err) {
+        if (await absent(p, err)) return [];
+        throw fail("list", dir, describe(err), err);
+      }
+    },
+
+    async cleanupTemp(dir) {
+      const op = "cleanupTemp";
+      const p = await locate(op, dir, true);
+      let names: string[];
+      try {
+        const entries = await readdir(p, { withFileTypes: true });
+        names = entries.filter((e) => e.isFile() && tempPattern.test(e.name) && !inFlight.has(join(p, e.name))).map((e) => e.name);
+      } catch (err) {
+        if (await absent(p, err)) return [];
+        throw fail(op, dir, describe(err), err);
+      }
+      const removed: string[] = [];
+      for (const name of names.sort()) {
+        try {
+          await unlink(join(p, name));
+          removed.push(name);
+        } catch (err) {
+          if (errno(err) !== "ENOENT") throw fail(op, dir, `removing ${name}: ${describe(err)}`, err);
+        }
+      }
+      if (removed.length > 0) await syncDir(op, dir, p);
+      return removed;
+    },
+  };
+}

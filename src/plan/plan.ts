@@ -1,0 +1,170 @@
+// desired state + what trellis owns + what is on the node → the steps that bring the node to the
+// desired state, each with the reason it is needed. Pure: no I/O, no clock.
+//
+// Rules (gardener-node-agent's, minus its flaws):
+// - A file is written when the disk differs from the OSC (content or mode): new, changed, or drifted.
+// - A unit is restarted only when it is new, its unit file or a drop-in was written or removed, its
+//   enablement changed, or a file in its filePaths was written or removed. `command: stop` or
+//   `enable: false` stops it instead.
+// - What leaves the OSC leaves the node, but only what trellis wrote (Owned): its units are stopped
+//   and disabled first; drop-ins and files other tools put there are never touched.
+// - One daemon-reload per plan; the agent's own unit restarts last.
+import type { Desired, DesiredUnit } from "../api/desired.ts";
+import { dropInPath, unitFilePath } from "../api/paths.ts";
+import type { Owned } from "../api/state.ts";
+import type { Observed, Plan, Step } from "./types.ts";
+
+/** Gardener writes unit files and drop-ins 0600. */
+export const unitFileMode = 0o600;
+
+export type PlanInput = {
+  checksum: string;
+  desired: Desired;
+  owned: Owned;
+  observed: Observed;
+  /** The agent's own unit: restarted after everything else. */
+  selfUnit: string;
+};
+
+export function makePlan(input: PlanInput): Plan {
+  const { desired, owned, observed } = input;
+  const removeUnits: Step[] = []; // stop + disable of units leaving the OSC
+  const fileSteps: Step[] = [];
+  const unitFileSteps: Step[] = [];
+  const enableSteps: Step[] = [];
+  const stops: Step[] = [];
+  const restarts: Step[] = [];
+  const disk = (path: string) => observed.files.get(path) ?? null;
+  const systemd = (unit: string) => observed.units?.get(unit);
+  const desiredUnits = new Set(desired.units.map((u) => u.name));
+
+  // Units that left the OSC.
+  for (const [unit, own] of Object.entries(owned.units)) {
+    if (desiredUnits.has(unit)) continue;
+    const ours = own.sha256 !== undefined;
+    if (ours) {
+      const state = systemd(unit);
+      if (!state || isActive(state.activeState)) removeUnits.push({ kind: "stop", unit, reason: "removed from the OSC" });
+      removeUnits.push({ kind: "disable", unit, reason: "removed from the OSC" });
+      if (disk(unitFilePath(unit))) {
+        unitFileSteps.push({ kind: "remove", target: { type: "unit", unit }, path: unitFilePath(unit), reason: "removed from the OSC" });
+      }
+    }
+    let droppedDropIns = false;
+    for (const name of Object.keys(own.dropIns)) {
+      const path = dropInPath(unit, name);
+      if (!disk(path)) continue;
+      unitFileSteps.push({ kind: "remove", target: { type: "drop-in", unit, name }, path, reason: `unit ${unit} removed from the OSC` });
+      droppedDropIns = true;
+    }
+    // A host unit keeps running, but without the drop-ins trellis gave it.
+    if (!ours && droppedDropIns) restarts.push({ kind: "restart", unit, reason: "its drop-ins were removed from the OSC" });
+  }
+
+  // Files.
+  const changedFiles = new Set<string>();
+  for (const f of desired.files) {
+    const why = writeReason(disk(f.path), owned.files[f.path]?.sha256, f.sha256, f.mode);
+    if (!why) continue;
+    fileSteps.push({ kind: "write", target: { type: "file" }, path: f.path, mode: f.mode, sha256: f.sha256, reason: why });
+    changedFiles.add(f.path);
+  }
+  const desiredFiles = new Set(desired.files.map((f) => f.path));
+  for (const path of Object.keys(owned.files)) {
+    if (desiredFiles.has(path)) continue;
+    changedFiles.add(path);
+    if (disk(path)) fileSteps.push({ kind: "remove", target: { type: "file" }, path, reason: "removed from the OSC" });
+  }
+
+  // Units in the OSC.
+  for (const u of desired.units) {
+    const own = owned.units[u.name];
+    const causes: string[] = own ? [] : ["new unit"];
+    let wroteUnitFile = false;
+    if (u.content !== undefined && u.sha256 !== undefined) {
+      const path = unitFilePath(u.name);
+      const why = writeReason(disk(path), own?.sha256, u.sha256, unitFileMode);
+      if (why) {
+        unitFileSteps.push({ kind: "write", target: { type: "unit", unit: u.name }, path, mode: unitFileMode, sha256: u.sha256, reason: why });
+        if (own) causes.push(`unit file: ${why}`);
+        wroteUnitFile = true;
+      }
+    }
+    for (const d of u.dropIns) {
+      const path = dropInPath(u.name, d.name);
+      const why = writeReason(disk(path), own?.dropIns[d.name], d.sha256, unitFileMode);
+      if (!why) continue;
+      unitFileSteps.push({ kind: "write", target: { type: "drop-in", unit: u.name, name: d.name }, path, mode: unitFileMode, sha256: d.sha256, reason: why });
+      if (own) causes.push(`drop-in ${d.name}: ${why}`);
+    }
+    const wanted = new Set(u.dropIns.map((d) => d.name));
+    for (const name of Object.keys(own?.dropIns ?? {})) {
+      const path = dropInPath(u.name, name);
+      if (wanted.has(name) || !disk(path)) continue;
+      unitFileSteps.push({ kind: "remove", target: { type: "drop-in", unit: u.name, name }, path, reason: "removed from the OSC" });
+      causes.push(`drop-in ${name} removed`);
+    }
+    const enablement = enablementStep(u, own?.enable, systemd(u.name)?.unitFileState, !own || wroteUnitFile);
+    if (enablement) {
+      enableSteps.push(enablement.step);
+      if (enablement.changed && own) causes.push(u.enable ? "enabled" : "disabled");
+    }
+    if (own) for (const p of u.filePaths) if (changedFiles.has(p)) causes.push(`file ${p} changed`);
+
+    if (u.command === "stop" || !u.enable) {
+      const state = systemd(u.name);
+      const running = state ? isActive(state.activeState) : causes.length > 0;
+      if (running) stops.push({ kind: "stop", unit: u.name, reason: u.command === "stop" ? "command: stop" : "enable: false" });
+    } else if (causes.length) {
+      restarts.push({ kind: "restart", unit: u.name, reason: causes.join("; ") });
+    }
+  }
+
+  const reload: Step[] = unitFileSteps.length
+    ? [{ kind: "daemon-reload", reason: `unit files changed: ${[...new Set(unitFileSteps.map(unitOf))].join(", ")}` }]
+    : [];
+  const self = restarts.filter((s) => s.kind === "restart" && s.unit === input.selfUnit);
+  const others = restarts.filter((s) => !self.includes(s));
+  return {
+    checksum: input.checksum,
+    steps: [...removeUnits, ...fileSteps, ...unitFileSteps, ...reload, ...enableSteps, ...stops, ...others, ...self],
+  };
+}
+
+function writeReason(onDisk: { sha256: string; mode: number } | null, writtenSha: string | undefined, sha256: string, mode: number): string | undefined {
+  if (!onDisk) return writtenSha === undefined ? "new" : "missing on disk (drift)";
+  if (onDisk.sha256 !== sha256) {
+    if (writtenSha === sha256) return "content on disk differs from what trellis wrote (drift)";
+    return writtenSha === undefined ? "content differs from the OSC" : "content changed";
+  }
+  if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}`;
+  return undefined;
+}
+
+// Enabling is idempotent and re-reads [Install], so a rewritten unit file is enabled again; whether
+// that counts as a change (and so a restart cause) depends on the state before. Only "disabled" can
+// be enabled: static, indirect or generated units have no [Install] to act on and must not look
+// perpetually "not enabled".
+function enablementStep(
+  u: DesiredUnit,
+  ownEnable: boolean | undefined,
+  unitFileState: string | undefined,
+  rewritten: boolean,
+): { step: Step; changed: boolean } | undefined {
+  const known = unitFileState !== undefined && unitFileState !== "";
+  const mismatch = known
+    ? u.enable
+      ? unitFileState === "disabled"
+      : enabledStates.has(unitFileState)
+    : ownEnable === undefined
+      ? undefined
+      : ownEnable !== u.enable;
+  if (mismatch === false && !rewritten) return undefined;
+  const reason = mismatch ? `was ${u.enable ? "disabled" : "enabled"}` : rewritten ? "unit file written" : "enablement not yet recorded";
+  return { step: { kind: u.enable ? "enable" : "disable", unit: u.name, reason }, changed: mismatch === true };
+}
+
+const enabledStates = new Set(["enabled", "enabled-runtime", "linked", "linked-runtime"]);
+const isActive = (activeState: string) => activeState !== "inactive" && activeState !== "failed";
+const octal = (mode: number) => `0${mode.toString(8)}`;
+const unitOf = (s: Step) => (s.kind === "write" || s.kind === "remove") && s.target.type !== "file" ? s.target.unit : "";

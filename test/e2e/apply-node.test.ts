@@ -1,0 +1,137 @@
+// `trellis apply --osc` and `trellis plan` with the compiled binary inside a real systemd node:
+// what changed is applied, only the units it concerns restart, and what trellis did not write is
+// never touched.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { stringify } from "yaml";
+import { parse } from "yaml";
+import { trellisBinary } from "../harness/binary.ts";
+import { bootNode, type Node } from "../harness/node.ts";
+
+const fixture = parse(readFileSync(new URL("../fixtures/web-osc.yaml", import.meta.url), "utf8"), { version: "1.1" });
+type Osc = typeof fixture;
+const clone = (): Osc => structuredClone(fixture);
+
+let node: Node;
+
+beforeAll(async () => {
+  node = await bootNode("apply");
+  await node.install(await trellisBinary(), "/opt/bin/trellis");
+}, 60_000);
+afterAll(async () => {
+  await node?.stop();
+});
+
+async function apply(osc: Osc) {
+  await node.writeFile("/root/osc.yaml", stringify(osc));
+  return node.exec(["/opt/bin/trellis", "apply", "--osc", "/root/osc.yaml"], { timeoutMs: 60_000 });
+}
+async function plan(osc: Osc) {
+  await node.writeFile("/root/osc.yaml", stringify(osc));
+  return node.exec(["/opt/bin/trellis", "plan", "--osc", "/root/osc.yaml"], { timeoutMs: 30_000 });
+}
+async function mainPid(unit: string): Promise<number> {
+  return Number((await node.execOk(["systemctl", "show", "-P", "MainPID", unit])).trim());
+}
+async function active(unit: string): Promise<string> {
+  return (await node.exec(["systemctl", "is-active", unit])).stdout.trim();
+}
+
+describe("trellis apply inside a node", () => {
+  test("first apply writes everything, enables and starts the units", async () => {
+    const r = await apply(clone());
+    expect(r.stderr).not.toContain("failed");
+    expect(r.code).toBe(0);
+    expect(await node.readFile("/etc/web/index.html")).toBe("<h1>hello from trellis, version 1</h1>\n");
+    expect(await node.readFile("/etc/ticker/message")).toBe("tick\n");
+    expect((await node.execOk(["stat", "-c", "%a", "/etc/web/index.html", "/etc/systemd/system/web.service"])).split("\n")).toEqual(["644", "600", ""]);
+    expect(await active("web.service")).toBe("active");
+    expect(await active("ticker.service")).toBe("active");
+    expect((await node.execOk(["systemctl", "is-enabled", "web.service"])).trim()).toBe("enabled");
+    expect((await node.execOk(["systemctl", "show", "-P", "DropInPaths", "web.service"])).trim()).toBe("/etc/systemd/system/web.service.d/10-restart.conf");
+  });
+
+  test("applying the same OSC again changes nothing and `plan` says so", async () => {
+    const before = [await mainPid("web.service"), await mainPid("ticker.service")];
+    const p = await plan(clone());
+    expect(p.code).toBe(0);
+    expect(p.stdout).toContain("nothing to do");
+    expect((await apply(clone())).code).toBe(0);
+    expect([await mainPid("web.service"), await mainPid("ticker.service")]).toEqual(before);
+  });
+
+  test("changing a file a unit lists restarts only that unit", async () => {
+    const ticker = await mainPid("ticker.service");
+    const web = await mainPid("web.service");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    const p = await plan(osc);
+    expect(p.code).toBe(3);
+    expect(p.stdout).toContain("write file /etc/web/index.html (mode 0644): content changed");
+    expect(p.stdout).toContain("restart web.service: file /etc/web/index.html changed");
+    expect(p.stdout).not.toContain("ticker");
+    expect(p.stdout).not.toContain("daemon-reload");
+    expect((await apply(osc)).code).toBe(0);
+    expect(await node.readFile("/etc/web/index.html")).toContain("version 2");
+    expect(await mainPid("web.service")).not.toBe(web);
+    expect(await mainPid("ticker.service")).toBe(ticker);
+  });
+
+  test("a foreign drop-in survives, a changed drop-in restarts its unit", async () => {
+    await node.writeFile("/etc/systemd/system/ticker.service.d/50-foreign.conf", "[Service]\nEnvironment=FOREIGN=1\n");
+    await node.writeFile("/etc/systemd/system/web.service.d/50-foreign.conf", "[Service]\nEnvironment=FOREIGN=1\n");
+    const ticker = await mainPid("ticker.service");
+    const web = await mainPid("web.service");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    osc.spec.units[0].dropIns[0].content = "[Service]\nRestart=always\nRestartSec=2\n";
+    const r = await apply(osc);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toContain("restart web.service: drop-in 10-restart.conf: content changed");
+    expect(await mainPid("web.service")).not.toBe(web);
+    expect(await mainPid("ticker.service")).toBe(ticker);
+    expect(await node.readFile("/etc/systemd/system/ticker.service.d/50-foreign.conf")).toContain("FOREIGN");
+    expect(await node.readFile("/etc/systemd/system/web.service.d/50-foreign.conf")).toContain("FOREIGN");
+  });
+
+  test("disabling a unit stops and disables it without restarting others", async () => {
+    const web = await mainPid("web.service");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    osc.spec.units[0].dropIns[0].content = "[Service]\nRestart=always\nRestartSec=2\n";
+    osc.spec.units[1].enable = false;
+    const r = await apply(osc);
+    expect(r.code).toBe(0);
+    expect(await active("ticker.service")).toBe("inactive");
+    expect((await node.exec(["systemctl", "is-enabled", "ticker.service"])).stdout.trim()).toBe("disabled");
+    expect(await mainPid("web.service")).toBe(web);
+  });
+
+  test("removing a unit and a file from the OSC removes them, foreign files stay", async () => {
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    osc.spec.units[0].dropIns[0].content = "[Service]\nRestart=always\nRestartSec=2\n";
+    osc.spec.units.splice(1, 1); // ticker.service
+    osc.spec.files.splice(1, 1); // /etc/ticker/message
+    await node.writeFile("/etc/ticker/foreign.txt", "not trellis's");
+    const r = await apply(osc);
+    expect(r.code).toBe(0);
+    expect((await node.exec(["test", "-e", "/etc/systemd/system/ticker.service"])).code).toBe(1);
+    expect((await node.exec(["test", "-e", "/etc/ticker/message"])).code).toBe(1);
+    expect(await node.readFile("/etc/ticker/foreign.txt")).toBe("not trellis's");
+    expect(await node.readFile("/etc/systemd/system/ticker.service.d/50-foreign.conf")).toContain("FOREIGN");
+    expect(await active("web.service")).toBe("active");
+  });
+
+  test("a bad OSC changes nothing and names the field", async () => {
+    const before = await node.readFile("/etc/web/index.html");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>version 3</h1>\n";
+    osc.spec.files.push({ path: "etc/relative", content: { inline: { encoding: "b64", data: "%%%" } } });
+    const r = await apply(osc);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain("spec.files[2] (etc/relative): path is not absolute");
+    expect(r.stderr).toContain("spec.files[2] (etc/relative).content.inline.data: not valid base64");
+    expect(await node.readFile("/etc/web/index.html")).toBe(before);
+  });
+});
