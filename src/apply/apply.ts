@@ -7,6 +7,7 @@
 //   retried by the next attempt (the caller backs off between attempts).
 // - The agent's own unit restarts last, after every other step was attempted, even if one failed.
 // - The last-applied record is written only when every step succeeded.
+import { dirname } from "node:path";
 import type { Desired } from "../api/desired.ts";
 import { dropInDir } from "../api/paths.ts";
 import type { AgentState, Owned, Progress } from "../api/state.ts";
@@ -102,6 +103,9 @@ async function execute(progress: Progress, start: AgentState, desired: Desired, 
     state = { ...state, progress: { ...progress, done: [...done].sort((a, b) => a - b) } };
     await deps.store.write(state);
   };
+  // A writer killed mid-write leaves its temp file; clear them where this plan writes.
+  const dirs = new Set(progress.plan.steps.flatMap((s) => (s.kind === "write" ? [dirname(s.path)] : [])));
+  for (const dir of dirs) await deps.files.cleanupTemp(dir);
   let self: Step | undefined;
   let unitPhase = false;
   for (const [i, step] of progress.plan.steps.entries()) {
