@@ -29,9 +29,9 @@ export function nodePathProblem(path: string): string | undefined {
   if (path.includes("\0")) return "contains a NUL byte";
   if (!path.startsWith("/")) return "is not absolute";
   if (path === "/") return undefined;
-  if (path.endsWith("/")) return "ends with /";
-  if (path.includes("//")) return "contains //";
-  if (path.split("/").some((seg) => seg === "." || seg === "..")) return 'contains a "." or ".." segment';
+  if (path.endsWith("/")) return "has a trailing slash";
+  if (path.includes("//")) return 'has an empty segment ("//")';
+  if (path.split("/").some((seg) => seg === "." || seg === "..")) return 'has a "." or ".." segment';
   return undefined;
 }
 

@@ -5,6 +5,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { chmod, lstat, mkdir, open, readdir, readFile, realpath, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, relative, resolve } from "node:path";
+import { nodePathProblem } from "../api/paths.ts";
 
 export type FileKind = "file" | "dir" | "symlink" | "other";
 
@@ -63,19 +64,11 @@ export class FileError extends Error {
  * slash except "/") and free of NUL bytes. The adapter checks every path it is given with this.
  */
 export function checkNodePath(path: string, op = "checkNodePath"): void {
-  const problem = pathProblem(path);
+  const problem = nodePathProblem(path);
   if (problem !== undefined) throw new FileError(op, path, problem);
 }
 
-function pathProblem(path: string): string | undefined {
-  if (path.includes("\0")) return "contains a NUL byte";
-  if (!path.startsWith("/")) return "is not absolute";
-  if (path === "/") return undefined;
-  if (path.endsWith("/")) return "has a trailing slash";
-  if (path.includes("//")) return 'has an empty segment ("//")';
-  if (path.split("/").some((s) => s === "." || s === "..")) return 'has a "." or ".." segment';
-  return undefined;
-}
+const showMode = (mode: number) => (Number.isInteger(mode) && mode > 0 ? `0o${mode.toString(8)}` : String(mode));
 
 // `.<basename>.trellis-tmp-<pid>-<12 hex>`: hidden, unique across processes and calls, and recognisable
 // by cleanupTemp. The basename is cut so that the name stays under NAME_MAX (255 bytes) even in UTF-8.
@@ -113,6 +106,7 @@ async function lexists(p: string): Promise<boolean> {
 /** Does `err`, from an operation on `p`, mean nothing is there? ENOTDIR may also mean `p` is a file. */
 async function absent(p: string, err: unknown): Promise<boolean> {
   if (errno(err) === "ENOENT") return true;
+  // When even lstat fails, `err` is the better report: say "present" so the caller throws it.
   return errno(err) === "ENOTDIR" && !(await lexists(p).catch(() => true));
 }
 
@@ -295,7 +289,7 @@ export function createFiles(rootDir = "/"): Files {
       const op = "writeAtomic";
       const target = await locate(op, path, false);
       if (path === "/") throw fail(op, path, "cannot replace the root directory");
-      if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw fail(op, path, `mode ${mode} is not a permission mode (0 to 0o7777)`);
+      if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw fail(op, path, `mode ${showMode(mode)} is not a permission mode (0 to 0o7777)`);
       const dir = dirname(target);
       const temp = join(dir, tempName(basename(target)));
       inFlight.add(temp);

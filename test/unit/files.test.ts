@@ -1,0 +1,403 @@
+// src/host/files.ts over a temporary root: round trips, exact modes whatever the umask, atomic replace,
+// path validation, confinement to the root, and temp-file cleanup.
+import { describe, expect, test } from "bun:test";
+import { createHash } from "node:crypto";
+import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { open, readFile } from "node:fs/promises";
+import { checkNodePath, createFiles, FileError, type Files } from "../../src/host/files.ts";
+import { runDir } from "../harness/exec.ts";
+
+const base = runDir("files-unit"); // kept for post-mortems like every run directory; big files are removed
+
+/** A fresh, empty root for one test. */
+function fresh(): { root: string; files: Files } {
+  const root = mkdtempSync(`${base}/root-`);
+  return { root, files: createFiles(root) };
+}
+
+const modeOf = (p: string) => statSync(p).mode & 0o7777;
+const sha = (data: string | Uint8Array) => createHash("sha256").update(data).digest("hex");
+const text = (data: Uint8Array | undefined) => (data === undefined ? undefined : new TextDecoder().decode(data));
+const tempsIn = (dir: string) => readdirSync(dir).filter((n) => n.includes(".trellis-tmp-"));
+
+/** Runs `fn` with the process umask set to `mask`, restoring the previous one afterwards. */
+async function withUmask<T>(mask: number, fn: () => Promise<T>): Promise<T> {
+  const previous = process.umask(mask);
+  try {
+    return await fn();
+  } finally {
+    process.umask(previous);
+  }
+}
+
+/** The FileError `promise` rejects with (fails the test if it resolves or throws anything else). */
+async function fileError(promise: Promise<unknown>): Promise<FileError> {
+  const err = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(FileError);
+  return err as FileError;
+}
+
+describe("round trips", () => {
+  test("write then read, sha256 and stat; missing paths give undefined", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/motd", "hello\n", 0o644);
+    const bytes = new Uint8Array([0, 1, 2, 255, 10]);
+    await files.writeAtomic("/etc/bin.dat", bytes, 0o600);
+
+    expect(text(await files.read("/etc/motd"))).toBe("hello\n");
+    expect(readFileSync(`${root}/etc/motd`, "utf8")).toBe("hello\n");
+    expect([...((await files.read("/etc/bin.dat")) ?? [])]).toEqual([...bytes]);
+    expect(await files.sha256("/etc/motd")).toBe(sha("hello\n"));
+    expect(await files.sha256("/etc/bin.dat")).toBe(sha(bytes));
+    expect(await files.stat("/etc/motd")).toEqual({ mode: 0o644, size: 6, kind: "file" });
+    expect(await files.stat("/etc")).toMatchObject({ mode: 0o755, kind: "dir" });
+
+    for (const missing of ["/etc/nope", "/nope/deeper", "/etc/motd/under-a-file"]) {
+      expect(await files.read(missing)).toBeUndefined();
+      expect(await files.stat(missing)).toBeUndefined();
+      expect(await files.sha256(missing)).toBeUndefined();
+    }
+  });
+
+  test("sha256 of an empty file and of a file larger than one read buffer", async () => {
+    const { files } = fresh();
+    const big = new Uint8Array(3 * 1024 * 1024 + 7).map((_, i) => i % 251);
+    await files.writeAtomic("/empty", "", 0o644);
+    await files.writeAtomic("/big", big, 0o644);
+    expect(await files.sha256("/empty")).toBe(sha(""));
+    expect(await files.sha256("/big")).toBe(sha(big));
+    expect(await files.stat("/big")).toMatchObject({ size: big.length });
+    expect(await files.remove("/big")).toBe(true);
+  });
+
+  test("stat does not follow a final symlink; read does; writeAtomic replaces the link, not its target", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/real", "real\n", 0o644);
+    symlinkSync("real", `${root}/etc/link`);
+    expect(await files.stat("/etc/link")).toEqual({ mode: 0o777, size: 4, kind: "symlink" });
+    expect(text(await files.read("/etc/link"))).toBe("real\n");
+
+    await files.writeAtomic("/etc/link", "new\n", 0o600);
+    expect(lstatSync(`${root}/etc/link`).isFile()).toBe(true);
+    expect(readFileSync(`${root}/etc/real`, "utf8")).toBe("real\n");
+  });
+
+  test("reading a directory is a FileError, not undefined", async () => {
+    const { files } = fresh();
+    await files.writeAtomic("/d/f", "x", 0o644);
+    const err = await fileError(files.read("/d"));
+    expect(err).toMatchObject({ op: "read", path: "/d" });
+    expect(err.message).toContain('read "/d"');
+    expect(err.message).toContain("EISDIR");
+  });
+});
+
+describe("modes", () => {
+  const modes = [0o600, 0o644, 0o755, 0o640];
+  test.each([0o077, 0o000])("files get exactly the requested mode under umask %o", async (mask) => {
+    const { root, files } = fresh();
+    await withUmask(mask, async () => {
+      for (const mode of modes) {
+        const path = `/m/${mode.toString(8)}`;
+        await files.writeAtomic(path, "content", mode);
+        expect(modeOf(root + path)).toBe(mode);
+        // an overwrite with another mode changes it exactly, too
+        await files.writeAtomic(path, "again", 0o604);
+        expect(modeOf(root + path)).toBe(0o604);
+        await files.writeAtomic(path, "content", mode);
+        expect((await files.stat(path))?.mode).toBe(mode);
+      }
+    });
+  });
+
+  test("missing parents are created 0755 whatever the umask; existing ones keep their mode", async () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/private`, { mode: 0o700 });
+    await withUmask(0o077, () => files.writeAtomic("/private/a/b/c/file", "x", 0o600));
+    expect(modeOf(`${root}/private`)).toBe(0o700);
+    for (const dir of ["/private/a", "/private/a/b", "/private/a/b/c"]) expect(modeOf(root + dir)).toBe(0o755);
+    await withUmask(0o000, () => files.writeAtomic("/open/x", "x", 0o600));
+    expect(modeOf(`${root}/open`)).toBe(0o755);
+  });
+
+  test.each([-1, 0o10000, 1.5, Number.NaN])("mode %p is refused before anything is written", async (mode) => {
+    const { root, files } = fresh();
+    const err = await fileError(files.writeAtomic("/x/y", "x", mode));
+    expect(err).toMatchObject({ op: "writeAtomic", path: "/x/y" });
+    expect(existsSync(`${root}/x`)).toBe(false);
+  });
+});
+
+describe("atomic replace", () => {
+  test("an overwrite is a new inode; a reader holding the old file keeps the old content", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/conf", "old content\n", 0o644);
+    const before = statSync(`${root}/etc/conf`).ino;
+    const held = await open(`${root}/etc/conf`, "r");
+    try {
+      await files.writeAtomic("/etc/conf", "new content\n", 0o644);
+      expect(statSync(`${root}/etc/conf`).ino).not.toBe(before);
+      expect(await held.readFile("utf8")).toBe("old content\n");
+      expect(readFileSync(`${root}/etc/conf`, "utf8")).toBe("new content\n");
+    } finally {
+      await held.close();
+    }
+    expect(tempsIn(`${root}/etc`)).toEqual([]);
+  });
+
+  test("while a large write is in flight, readers see the complete old content, then the complete new one", async () => {
+    const { root, files } = fresh();
+    const size = 32 * 1024 * 1024;
+    const oldContent = Buffer.alloc(size, 0x41);
+    const newContent = Buffer.alloc(size, 0x42);
+    await files.writeAtomic("/var/big", oldContent, 0o644);
+
+    let done = false;
+    const writing = files.writeAtomic("/var/big", newContent, 0o644).finally(() => (done = true));
+    let oldWhileTempExisted = 0;
+    const seen = new Set<string>();
+    while (!done) {
+      const temps = tempsIn(`${root}/var`);
+      const content = await readFile(`${root}/var/big`);
+      const kind = content.equals(oldContent) ? "old" : content.equals(newContent) ? "new" : "torn";
+      expect(kind).not.toBe("torn");
+      seen.add(kind);
+      if (kind === "old" && temps.length > 0) oldWhileTempExisted++;
+    }
+    await writing;
+    expect(oldWhileTempExisted).toBeGreaterThan(0);
+    expect(seen.has("old")).toBe(true);
+    expect(text((await files.read("/var/big"))?.subarray(0, 3))).toBe("BBB");
+    expect(tempsIn(`${root}/var`)).toEqual([]);
+    expect(await files.remove("/var/big")).toBe(true);
+  }, 30_000);
+
+  test("writeAtomic over a directory is a FileError naming the path, and leaves no temp file", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/systemd/system/x.service.d/10.conf", "[Service]\n", 0o644);
+    const err = await fileError(files.writeAtomic("/etc/systemd/system/x.service.d", "oops", 0o644));
+    expect(err).toMatchObject({ op: "writeAtomic", path: "/etc/systemd/system/x.service.d" });
+    expect(err.message).toContain('"/etc/systemd/system/x.service.d"');
+    expect(err.message).toContain("is a directory");
+    expect(statSync(`${root}/etc/systemd/system/x.service.d`).isDirectory()).toBe(true);
+    expect(readdirSync(`${root}/etc/systemd/system`)).toEqual(["x.service.d"]);
+    await fileError(files.writeAtomic("/", "x", 0o644));
+  });
+
+  test("a file where a parent directory should be is a FileError", async () => {
+    const { files } = fresh();
+    await files.writeAtomic("/etc/file", "x", 0o644);
+    const err = await fileError(files.writeAtomic("/etc/file/sub/y", "y", 0o644));
+    expect(err).toMatchObject({ op: "writeAtomic", path: "/etc/file/sub/y" });
+    expect(err.message).toContain("not a directory");
+  });
+});
+
+describe("remove, removeDirIfEmpty, list", () => {
+  test("remove deletes files and symlinks, says false when nothing was there, refuses directories", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/a/f", "x", 0o644);
+    symlinkSync("/nowhere", `${root}/a/dangling`);
+    expect(await files.remove("/a/f")).toBe(true);
+    expect(existsSync(`${root}/a/f`)).toBe(false);
+    expect(await files.remove("/a/f")).toBe(false);
+    expect(await files.remove("/missing/f")).toBe(false);
+    expect(await files.remove("/a/dangling")).toBe(true);
+    expect(lstatSync(`${root}/a`).isDirectory()).toBe(true);
+    const err = await fileError(files.remove("/a"));
+    expect(err.message).toContain('remove "/a"');
+    expect(err.message).toContain("is a directory");
+  });
+
+  test("removeDirIfEmpty removes only empty directories and refuses files", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/d/sub/f", "x", 0o644);
+    expect(await files.removeDirIfEmpty("/d")).toBe(false);
+    expect(await files.removeDirIfEmpty("/d/sub")).toBe(false);
+    expect(await files.remove("/d/sub/f")).toBe(true);
+    expect(await files.removeDirIfEmpty("/d/sub")).toBe(true);
+    expect(existsSync(`${root}/d/sub`)).toBe(false);
+    expect(await files.removeDirIfEmpty("/d/sub")).toBe(false);
+    expect(await files.removeDirIfEmpty("/d")).toBe(true);
+    await files.writeAtomic("/file", "x", 0o644);
+    expect((await fileError(files.removeDirIfEmpty("/file"))).message).toContain("not a directory");
+    expect(await files.removeDirIfEmpty("/file/under")).toBe(false);
+  });
+
+  test("list gives sorted names, [] for a missing directory, and refuses a file", async () => {
+    const { files } = fresh();
+    for (const name of ["b", "a", "c.conf", ".hidden"]) await files.writeAtomic(`/l/${name}`, name, 0o644);
+    await files.writeAtomic("/l/sub/x", "x", 0o644);
+    expect(await files.list("/l")).toEqual([".hidden", "a", "b", "c.conf", "sub"]);
+    expect(await files.list("/missing")).toEqual([]);
+    expect(await files.list("/l/a/under-a-file")).toEqual([]);
+    expect((await fileError(files.list("/l/a"))).message).toContain('list "/l/a"');
+  });
+});
+
+describe("node paths", () => {
+  test.each([
+    ["", "is not absolute"],
+    ["etc/hosts", "is not absolute"],
+    ["./etc", "is not absolute"],
+    ["/etc/../root/.ssh", '".."'],
+    ["/..", '".."'],
+    ["/a/./b", '"."'],
+    ["/.", '"."'],
+    ["//etc", '"//"'],
+    ["/etc//hosts", '"//"'],
+    ["/etc/", "trailing slash"],
+    ["/etc/hosts\0.bak", "NUL"],
+  ])("%p is rejected", async (path, why) => {
+    let err: unknown;
+    try {
+      checkNodePath(path);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(FileError);
+    expect((err as FileError).message).toContain(JSON.stringify(path));
+    expect((err as FileError).message).toContain(why);
+    // ...and every adapter operation applies the same check, under its own name
+    const { files } = fresh();
+    expect(await fileError(files.read(path))).toMatchObject({ op: "read", path });
+    expect(await fileError(files.writeAtomic(path, "x", 0o644))).toMatchObject({ op: "writeAtomic", path });
+    expect(await fileError(files.list(path))).toMatchObject({ op: "list", path });
+  });
+
+  test.each(["/", "/etc", "/etc/hosts", "/a/..b", "/a/.hidden", "/a/b c/d", "/x/..."])("%p is accepted", (path) => {
+    expect(() => checkNodePath(path)).not.toThrow();
+  });
+
+  test("the root maps node paths; a relative root is resolved; root / is the host itself", async () => {
+    const { root, files } = fresh();
+    expect(files.root).toBe(root);
+    expect(createFiles(`${root}/`).root).toBe(root);
+    expect(createFiles().root).toBe("/");
+    const cwd = process.cwd();
+    process.chdir(root);
+    try {
+      expect(createFiles("sub").root).toBe(`${root}/sub`);
+    } finally {
+      process.chdir(cwd);
+    }
+    expect(await files.list("/")).toEqual([]);
+    expect(await createFiles("/").sha256("/etc/os-release")).toBe(sha(readFileSync("/etc/os-release")));
+  });
+});
+
+describe("confinement to the root", () => {
+  test("a symlinked parent leading outside the root is refused, and nothing is created outside", async () => {
+    const { root, files } = fresh();
+    const outside = mkdtempSync(`${base}/outside-`);
+    writeFileSync(`${outside}/secret`, "host secret\n");
+    mkdirSync(`${root}/var`);
+    symlinkSync(outside, `${root}/var/run`); // absolute, like a node's /var/run -> /run
+    symlinkSync("../..", `${root}/var/up`); // relative, climbing out
+
+    for (const path of ["/var/run/x", "/var/run/new/dir/x", "/var/up/x"]) {
+      const err = await fileError(files.writeAtomic(path, "x", 0o644));
+      expect(err).toMatchObject({ op: "writeAtomic", path });
+      expect(err.message).toContain(JSON.stringify(path));
+      expect(err.message).toContain("outside the root");
+    }
+    expect(readdirSync(outside)).toEqual(["secret"]);
+    expect((await fileError(files.read("/var/run/secret"))).op).toBe("read");
+    expect((await fileError(files.sha256("/var/run/secret"))).op).toBe("sha256");
+    expect((await fileError(files.remove("/var/run/secret"))).op).toBe("remove");
+    expect((await fileError(files.list("/var/run"))).op).toBe("list");
+    expect((await fileError(files.cleanupTemp("/var/run"))).op).toBe("cleanupTemp");
+    expect(existsSync(`${outside}/secret`)).toBe(true);
+  });
+
+  test("a final symlink pointing outside is not read through, but can itself be stat'ed, replaced or removed", async () => {
+    const { root, files } = fresh();
+    const outside = mkdtempSync(`${base}/outside-`);
+    writeFileSync(`${outside}/hostname`, "host\n");
+    mkdirSync(`${root}/etc`);
+    symlinkSync(`${outside}/hostname`, `${root}/etc/hostname`);
+    symlinkSync(`${outside}/hostname`, `${root}/etc/hostname2`);
+    expect((await fileError(files.read("/etc/hostname"))).message).toContain("outside the root");
+    expect(await files.stat("/etc/hostname")).toMatchObject({ kind: "symlink" });
+    expect(await files.remove("/etc/hostname2")).toBe(true);
+    await files.writeAtomic("/etc/hostname", "node\n", 0o644);
+    expect(readFileSync(`${outside}/hostname`, "utf8")).toBe("host\n");
+    expect(text(await files.read("/etc/hostname"))).toBe("node\n");
+  });
+
+  test("symlinks that stay inside the root work", async () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/run`);
+    mkdirSync(`${root}/var`);
+    symlinkSync(`${root}/run`, `${root}/var/run`); // absolute, but inside
+    symlinkSync("../run", `${root}/var/run2`);
+    await files.writeAtomic("/var/run/a", "a", 0o644);
+    await files.writeAtomic("/var/run2/sub/b", "b", 0o644);
+    expect(readFileSync(`${root}/run/a`, "utf8")).toBe("a");
+    expect(readFileSync(`${root}/run/sub/b`, "utf8")).toBe("b");
+    expect(await files.list("/var/run")).toEqual(["a", "sub"]);
+  });
+
+  test("a missing root is a FileError naming the root", async () => {
+    const files = createFiles(`${base}/does-not-exist`);
+    const err = await fileError(files.writeAtomic("/x", "x", 0o644));
+    expect(err.message).toContain(`(root ${base}/does-not-exist)`);
+    expect(err.message).toContain("cannot resolve the root");
+  });
+});
+
+describe("cleanupTemp", () => {
+  test("removes only files named like its own temp files", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/kubelet.conf", "x", 0o644);
+    const dir = `${root}/etc`;
+    const stale = [".kubelet.conf.trellis-tmp-4242-0123456789ab", ".other.trellis-tmp-1-abcdefabcdef"];
+    const keep = [
+      ".kubelet.conf.tmp", // someone else's temp
+      "kubelet.conf.trellis-tmp-4242-0123456789ab", // not hidden
+      ".kubelet.conf.trellis-tmp-4242-0123456789AB", // not our hex
+      ".kubelet.conf.trellis-tmp-x-0123456789ab", // not a pid
+      ".kubelet.conf.trellis-tmp-4242-0123456789ab.bak",
+    ];
+    for (const name of [...stale, ...keep]) writeFileSync(`${dir}/${name}`, "partial");
+    mkdirSync(`${dir}/.dir.trellis-tmp-1-0123456789ab`); // a directory is never ours
+    symlinkSync("kubelet.conf", `${dir}/.link.trellis-tmp-1-0123456789ab`); // nor is a symlink
+
+    expect(await files.cleanupTemp("/etc")).toEqual([...stale].sort());
+    expect(readdirSync(dir).sort()).toEqual(
+      ["kubelet.conf", ...keep, ".dir.trellis-tmp-1-0123456789ab", ".link.trellis-tmp-1-0123456789ab"].sort(),
+    );
+    expect(await files.cleanupTemp("/etc")).toEqual([]);
+    expect(await files.cleanupTemp("/missing")).toEqual([]);
+  });
+
+  test("a temp file of a write in flight in the same adapter is kept", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/var/big", "old", 0o644);
+    const writing = files.writeAtomic("/var/big", new Uint8Array(64 * 1024 * 1024).fill(0x42), 0o644);
+    let seenTemp = false;
+    let done = false;
+    writing.finally(() => (done = true)).catch(() => {});
+    while (!done) {
+      if (tempsIn(`${root}/var`).length > 0) {
+        seenTemp = true;
+        expect(await files.cleanupTemp("/var")).toEqual([]);
+      }
+      await Bun.sleep(1);
+    }
+    await writing;
+    expect(seenTemp).toBe(true);
+    expect((await files.stat("/var/big"))?.size).toBe(64 * 1024 * 1024);
+    expect(await files.remove("/var/big")).toBe(true);
+  }, 30_000);
+
+  test("the temp name stays under NAME_MAX for a 255-byte file name", async () => {
+    const { files } = fresh();
+    const name = "é".repeat(127); // 254 bytes in UTF-8
+    await files.writeAtomic(`/long/${name}`, "x", 0o644);
+    expect(await files.list("/long")).toEqual([name]);
+  });
+});
