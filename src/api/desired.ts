@@ -28,6 +28,8 @@ export type Desired = {
   files: DesiredFile[];
   /** Parts of the OSC trellis cannot apply yet; applied around, and reported. */
   unsupported: string[];
+  /** Paths the OSC still declares but trellis cannot write (unsupported): left as they are, never removed. */
+  keep: string[];
 };
 
 export type Result<T> = { ok: true; value: T } | { ok: false; errors: string[] };
@@ -71,6 +73,7 @@ export type ResolveContext = {
 export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext): Result<Desired> {
   const errors: string[] = [];
   const unsupported: string[] = [];
+  const keep: string[] = [];
   const fail = (where: string, msg: string) => errors.push(`${ctx.source}: ${where}: ${msg}`);
 
   const files: DesiredFile[] = [];
@@ -83,13 +86,16 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
     entries.forEach((f, i) => {
       const where = `${list}[${i}] (${f.path})`;
       if (f.hostName != null && f.hostName !== ctx.hostName) return;
-      const problem = nodePathProblem(f.path);
+      const problem = f.path === "/" ? "is the root directory" : nodePathProblem(f.path);
       const earlier = fileOrigins.get(f.path);
       if (problem) fail(where, `path ${problem}`);
       else if (earlier) fail(where, `duplicate path, also in ${earlier}`);
       else fileOrigins.set(f.path, where);
       // Decoded even when the path is wrong, so that every problem is reported at once.
-      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg), (msg) => unsupported.push(`${where}: ${msg}`));
+      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg), (msg) => {
+        unsupported.push(`${where}: ${msg}`);
+        keep.push(f.path);
+      });
       if (content && !problem && !earlier) files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256: sha256Hex(content), origin: where });
     });
   }
@@ -120,7 +126,7 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
     const owner = managedPaths.get(f.path);
     if (owner) fail(f.origin, `path is also written by ${owner}`);
   }
-  return errors.length ? { ok: false, errors } : { ok: true, value: { units, files, unsupported } };
+  return errors.length ? { ok: false, errors } : { ok: true, value: { units, files, unsupported, keep } };
 }
 
 type Fail = (where: string, msg: string) => void;
@@ -168,7 +174,7 @@ function decodeContent(
   else if (secretRef) {
     const secret = ctx.secrets.get(secretRef.name);
     if (!secret) fail("secretRef", `secret kube-system/${secretRef.name} not found`);
-    else if (!(secretRef.dataKey in secret)) fail("secretRef", `secret kube-system/${secretRef.name} has no key "${secretRef.dataKey}"`);
+    else if (!Object.hasOwn(secret, secretRef.dataKey)) fail("secretRef", `secret kube-system/${secretRef.name} has no key "${secretRef.dataKey}"`);
     else data = secret[secretRef.dataKey];
   } else if (imageRef) {
     unsupported(`imageRef files (${imageRef.image}, ${imageRef.filePathInImage}) are not supported yet; the file is left as it is`);

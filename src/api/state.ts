@@ -14,6 +14,8 @@ export const OwnedSchema = v.object({
       /** Hash of the unit file trellis wrote; absent for a host unit trellis only adds drop-ins to or (en|dis)ables. */
       sha256: v.optional(v.string()),
       enable: v.optional(v.boolean()),
+      /** The OSC's command when last applied: "stop" → "start" must start the unit again. */
+      command: v.optional(v.picklist(["start", "restart", "stop"])),
       dropIns: v.record(v.string(), v.string()),
     }),
   ),

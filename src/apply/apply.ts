@@ -16,9 +16,8 @@ import type { Systemd } from "../host/systemd.ts";
 import type { Logger } from "../log.ts";
 import { describeError } from "../log.ts";
 import { ownedAfter, settleOwned } from "../plan/owned.ts";
-import { makePlan } from "../plan/plan.ts";
 import type { Plan, Step } from "../plan/types.ts";
-import { observe } from "./observe.ts";
+import { planForNode } from "./observe.ts";
 import type { StateStore } from "./state-store.ts";
 
 export type ApplyDeps = {
@@ -57,12 +56,15 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
     progress = undefined;
     deps.log.info("an unfinished apply of an older OSC was superseded", { checksum, pendingRestarts: carried.pending });
     const fresh = await planFresh(desired, checksum, state.owned, deps);
-    progress = { checksum, plan: withPending(fresh, carried.pending, desired, deps.selfUnit), done: [] };
+    state = { ...state, owned: fresh.owned };
+    progress = { checksum, plan: withPending(fresh.plan, carried.pending, desired, deps.selfUnit), done: [] };
   } else if (progress) {
     resumed = true;
     deps.log.info("resuming an unfinished apply", { checksum, steps: progress.plan.steps.length, done: progress.done.length });
   } else {
-    progress = { checksum, plan: await planFresh(desired, checksum, state.owned, deps), done: [] };
+    const fresh = await planFresh(desired, checksum, state.owned, deps);
+    state = { ...state, owned: fresh.owned };
+    progress = { checksum, plan: fresh.plan, done: [] };
   }
 
   if (progress.plan.steps.length === 0) {
@@ -87,9 +89,8 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete };
 }
 
-async function planFresh(desired: Desired, checksum: string, owned: Owned, deps: ApplyDeps): Promise<Plan> {
-  const observed = await observe(desired, owned, deps.files, deps.systemd);
-  return makePlan({ checksum, desired, owned, observed, selfUnit: deps.selfUnit });
+function planFresh(desired: Desired, checksum: string, owned: Owned, deps: ApplyDeps): Promise<{ plan: Plan; owned: Owned }> {
+  return planForNode({ desired, checksum, owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
 }
 
 type Run = { state: AgentState; executed: Step[]; failures: StepFailure[]; self?: Step };

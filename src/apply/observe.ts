@@ -5,7 +5,9 @@ import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
-import type { Observed } from "../plan/types.ts";
+import { adoptMatching } from "../plan/owned.ts";
+import { makePlan } from "../plan/plan.ts";
+import type { Observed, Plan } from "../plan/types.ts";
 
 export async function observe(desired: Desired, owned: Owned, files: Files, systemd: Systemd | undefined): Promise<Observed> {
   const paths = new Set<string>([...desired.files.map((f) => f.path), ...Object.keys(owned.files)]);
@@ -34,4 +36,18 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
   }
   return { files: observedFiles, units: observedUnits };
+}
+
+/** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */
+export async function planForNode(input: {
+  desired: Desired;
+  checksum: string;
+  owned: Owned;
+  files: Files;
+  systemd: Systemd | undefined;
+  selfUnit: string;
+}): Promise<{ plan: Plan; owned: Owned }> {
+  const observed = await observe(input.desired, input.owned, input.files, input.systemd);
+  const owned = adoptMatching(input.owned, input.desired, observed);
+  return { plan: makePlan({ checksum: input.checksum, desired: input.desired, owned, observed, selfUnit: input.selfUnit }), owned };
 }

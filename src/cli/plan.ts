@@ -1,10 +1,9 @@
 import { parseArgs } from "node:util";
 import { agentUnit } from "../api/paths.ts";
-import { observe } from "../apply/observe.ts";
+import { planForNode } from "../apply/observe.ts";
 import { createStateStore } from "../apply/state-store.ts";
 import { createFiles } from "../host/files.ts";
 import { createSystemd, SystemdError } from "../host/systemd.ts";
-import { makePlan } from "../plan/plan.ts";
 import { renderPlan } from "../plan/render.ts";
 import { UsageError } from "./errors.ts";
 import { readOscFile } from "./osc-file.ts";
@@ -37,12 +36,13 @@ export async function run(args: string[]): Promise<number> {
   const state = await createStateStore(files).read();
   const systemd = values.root === "/" ? createSystemd({ callTimeoutMs: 5_000 }) : undefined;
   try {
-    const observed = await observe(input.desired, state.owned, files, systemd).catch(async (err: unknown) => {
+    const planWith = (sd: typeof systemd) =>
+      planForNode({ desired: input.desired, checksum: input.checksum, owned: state.owned, files, systemd: sd, selfUnit: agentUnit });
+    const { plan } = await planWith(systemd).catch((err: unknown) => {
       if (!(err instanceof SystemdError) || (err.kind !== "connection" && err.kind !== "timeout")) throw err;
       console.error(`note: systemd is not reachable (${err.message}); planning from the files alone`);
-      return observe(input.desired, state.owned, files, undefined);
+      return planWith(undefined);
     });
-    const plan = makePlan({ checksum: input.checksum, desired: input.desired, owned: state.owned, observed, selfUnit: agentUnit });
     if (values.json) console.log(JSON.stringify({ ...plan, unsupported: input.desired.unsupported }, null, 2));
     else {
       console.log(renderPlan(plan));

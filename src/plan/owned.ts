@@ -2,7 +2,8 @@
 // apply (and persisted), so ownership is never lost to a crash or a failing step.
 import type { Desired } from "../api/desired.ts";
 import type { Owned, OwnedUnit } from "../api/state.ts";
-import type { Step } from "./types.ts";
+import { dropInPath, unitFilePath } from "../api/paths.ts";
+import type { Observed, Step } from "./types.ts";
 
 export function ownedAfter(owned: Owned, step: Step): Owned {
   const next: Owned = { version: 1, files: { ...owned.files }, units: { ...owned.units } };
@@ -33,9 +34,38 @@ export function ownedAfter(owned: Owned, step: Step): Owned {
   return next;
 }
 
-/** After a complete apply: forget units that left the OSC and record every desired unit's enablement. */
+/** After a complete apply: forget units that left the OSC and record every desired unit's enable and command. */
 export function settleOwned(owned: Owned, desired: Desired): Owned {
   const units: Owned["units"] = {};
-  for (const u of desired.units) units[u.name] = { ...(owned.units[u.name] ?? { dropIns: {} }), enable: u.enable };
+  for (const u of desired.units) {
+    const { command: _previous, ...rest } = owned.units[u.name] ?? { dropIns: {} };
+    units[u.name] = { ...rest, enable: u.enable, ...(u.command ? { command: u.command } : {}) };
+  }
   return { version: 1, files: { ...owned.files }, units };
+}
+
+/**
+ * Takes ownership of what the OSC declares and the disk already holds with exactly that content — a
+ * node set up by gardener-node-agent, or by an apply whose record was lost. Without this, such files
+ * and units would be left behind when they leave the OSC.
+ */
+export function adoptMatching(owned: Owned, desired: Desired, observed: Observed): Owned {
+  let next = owned;
+  const matches = (path: string, sha256: string) => observed.files.get(path)?.sha256 === sha256;
+  for (const f of desired.files) {
+    if (!owned.files[f.path] && matches(f.path, f.sha256)) next = ownedAfter(next, { kind: "write", target: { type: "file" }, path: f.path, mode: f.mode, sha256: f.sha256, reason: "adopted" });
+  }
+  for (const u of desired.units) {
+    const own = next.units[u.name];
+    if (u.sha256 !== undefined && own?.sha256 === undefined && matches(unitFilePath(u.name), u.sha256)) {
+      next = ownedAfter(next, { kind: "write", target: { type: "unit", unit: u.name }, path: unitFilePath(u.name), mode: 0o600, sha256: u.sha256, reason: "adopted" });
+    }
+    for (const d of u.dropIns) {
+      const path = dropInPath(u.name, d.name);
+      if (next.units[u.name]?.dropIns[d.name] === undefined && matches(path, d.sha256)) {
+        next = ownedAfter(next, { kind: "write", target: { type: "drop-in", unit: u.name, name: d.name }, path, mode: 0o600, sha256: d.sha256, reason: "adopted" });
+      }
+    }
+  }
+  return next;
 }

@@ -37,23 +37,37 @@ export function makePlan(input: PlanInput): Plan {
   const disk = (path: string) => observed.files.get(path) ?? null;
   const systemd = (unit: string) => observed.units?.get(unit);
   const desiredUnits = new Set(desired.units.map((u) => u.name));
+  // A path the desired state writes is never removed, whatever role trellis owned it in before (a unit
+  // file or drop-in that became a plain file, or the reverse); and no path is removed twice.
+  const kept = new Set([...desired.files.map((f) => f.path), ...desired.keep]);
+  for (const u of desired.units) {
+    if (u.content !== undefined) kept.add(unitFilePath(u.name));
+    for (const d of u.dropIns) kept.add(dropInPath(u.name, d.name));
+  }
+  const removing = new Set<string>();
+  const removable = (path: string) => {
+    if (kept.has(path) || removing.has(path) || !disk(path)) return false;
+    removing.add(path);
+    return true;
+  };
 
   // Units that left the OSC.
   for (const [unit, own] of Object.entries(owned.units)) {
-    if (desiredUnits.has(unit)) continue;
+    // The agent never stops or removes itself (it could not finish, or ever come back).
+    if (desiredUnits.has(unit) || unit === input.selfUnit) continue;
     const ours = own.sha256 !== undefined;
     if (ours) {
       const state = systemd(unit);
       if (!state || isActive(state.activeState)) removeUnits.push({ kind: "stop", unit, reason: "removed from the OSC" });
       removeUnits.push({ kind: "disable", unit, reason: "removed from the OSC" });
-      if (disk(unitFilePath(unit))) {
+      if (removable(unitFilePath(unit))) {
         unitFileSteps.push({ kind: "remove", target: { type: "unit", unit }, path: unitFilePath(unit), reason: "removed from the OSC" });
       }
     }
     let droppedDropIns = false;
     for (const name of Object.keys(own.dropIns)) {
       const path = dropInPath(unit, name);
-      if (!disk(path)) continue;
+      if (!removable(path)) continue;
       unitFileSteps.push({ kind: "remove", target: { type: "drop-in", unit, name }, path, reason: `unit ${unit} removed from the OSC` });
       droppedDropIns = true;
     }
@@ -72,13 +86,20 @@ export function makePlan(input: PlanInput): Plan {
   const desiredFiles = new Set(desired.files.map((f) => f.path));
   for (const path of Object.keys(owned.files)) {
     if (desiredFiles.has(path)) continue;
+    if (!removable(path)) continue; // already gone: nothing changes for the units listing it
     changedFiles.add(path);
-    if (disk(path)) fileSteps.push({ kind: "remove", target: { type: "file" }, path, reason: "removed from the OSC" });
+    fileSteps.push({ kind: "remove", target: { type: "file" }, path, reason: "removed from the OSC" });
   }
 
   // Units in the OSC.
-  for (const u of desired.units) {
+  for (const unit of desired.units) {
+    // Like gardener-node-agent, the agent never disables or stops itself: it would not come back to
+    // finish the apply (or ever). Its unit is enabled and restarted instead; a recorded "false" can
+    // only be the OSC's enable: false, which was never applied to it.
+    const isSelf = unit.name === input.selfUnit;
+    const u = isSelf ? { ...unit, enable: true, command: undefined } : unit;
     const own = owned.units[u.name];
+    const ownEnable = isSelf && own?.enable !== undefined ? true : own?.enable;
     const causes: string[] = own ? [] : ["new unit"];
     let wroteUnitFile = false;
     if (u.content !== undefined && u.sha256 !== undefined) {
@@ -100,16 +121,19 @@ export function makePlan(input: PlanInput): Plan {
     const wanted = new Set(u.dropIns.map((d) => d.name));
     for (const name of Object.keys(own?.dropIns ?? {})) {
       const path = dropInPath(u.name, name);
-      if (wanted.has(name) || !disk(path)) continue;
+      if (wanted.has(name) || !removable(path)) continue;
       unitFileSteps.push({ kind: "remove", target: { type: "drop-in", unit: u.name, name }, path, reason: "removed from the OSC" });
       causes.push(`drop-in ${name} removed`);
     }
-    const enablement = enablementStep(u, own?.enable, systemd(u.name)?.unitFileState, !own || wroteUnitFile);
+    const enablement = enablementStep(u, ownEnable, systemd(u.name)?.unitFileState, !own || wroteUnitFile);
     if (enablement) {
       enableSteps.push(enablement.step);
       if (enablement.changed && own) causes.push(u.enable ? "enabled" : "disabled");
     }
     if (own) for (const p of u.filePaths) if (changedFiles.has(p)) causes.push(`file ${p} changed`);
+    if (own && !isSelf && (own.enable === false || own.command === "stop") && u.enable && u.command !== "stop") {
+      causes.push(`was ${own.command === "stop" ? "command: stop" : "enable: false"} before`);
+    }
 
     if (u.command === "stop" || !u.enable) {
       const state = systemd(u.name);
@@ -164,7 +188,9 @@ function enablementStep(
   return { step: { kind: u.enable ? "enable" : "disable", unit: u.name, reason }, changed: mismatch === true };
 }
 
-const enabledStates = new Set(["enabled", "enabled-runtime", "linked", "linked-runtime"]);
+// "enabled-runtime"/"linked-runtime" are left out: DisableUnitFiles(runtime=false) cannot clear them,
+// so treating them as a mismatch would disable (and stop) on every apply.
+const enabledStates = new Set(["enabled", "linked"]);
 const isActive = (activeState: string) => activeState !== "inactive" && activeState !== "failed";
 const octal = (mode: number) => `0${mode.toString(8)}`;
 const unitOf = (s: Step) => (s.kind === "write" || s.kind === "remove") && s.target.type !== "file" ? s.target.unit : "";
