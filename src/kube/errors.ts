@@ -29,7 +29,9 @@ export type RequestContext = { server: string; caSource: string; what: string };
 
 export function explainKubeError(err: unknown, ctx: RequestContext): KubeError {
   if (err instanceof KubeError) return err;
-  if (err instanceof ApiException) return fromStatus(err.code, err.body, ctx, err);
+  // No cause: an ApiException's message is a dump of the status and body summarised here, and a
+  // logged cause chain would repeat it.
+  if (err instanceof ApiException) return fromStatus(err.code, err.body, ctx);
   const code = errorCode(err);
   if (code !== undefined && untrusted.has(code)) {
     return new KubeError(
@@ -49,22 +51,29 @@ export function explainKubeError(err: unknown, ctx: RequestContext): KubeError {
   return new KubeError(`${ctx.what}: ${msg}`, "other", undefined, { cause: err });
 }
 
-function fromStatus(status: number, body: unknown, ctx: RequestContext, cause: unknown): KubeError {
+/** For a promise's .catch(): throws the failure explained as `what` went wrong (`api` is e.g. a Kube). */
+export function rethrow(api: Omit<RequestContext, "what">, what: string): (err: unknown) => never {
+  return (err) => {
+    throw explainKubeError(err, { server: api.server, caSource: api.caSource, what });
+  };
+}
+
+function fromStatus(status: number, body: unknown, ctx: RequestContext): KubeError {
   const detail = statusMessage(body);
   const suffix = detail ? `: ${detail}` : "";
   switch (status) {
     case 401:
-      return new KubeError(`${ctx.what}: ${ctx.server} did not accept trellis's credentials (401 Unauthorized)${suffix}`, "unauthorized", status, { cause });
+      return new KubeError(`${ctx.what}: ${ctx.server} did not accept trellis's credentials (401 Unauthorized)${suffix}`, "unauthorized", status);
     case 403:
-      return new KubeError(`${ctx.what}: forbidden (403)${suffix}`, "forbidden", status, { cause });
+      return new KubeError(`${ctx.what}: forbidden (403)${suffix}`, "forbidden", status);
     case 404:
-      return new KubeError(`${ctx.what}: not found (404)${suffix}`, "not-found", status, { cause });
+      return new KubeError(`${ctx.what}: not found (404)${suffix}`, "not-found", status);
     case 409:
-      return new KubeError(`${ctx.what}: conflict (409)${suffix}`, "conflict", status, { cause });
+      return new KubeError(`${ctx.what}: conflict (409)${suffix}`, "conflict", status);
     case 410:
-      return new KubeError(`${ctx.what}: gone (410)${suffix}`, "gone", status, { cause });
+      return new KubeError(`${ctx.what}: gone (410)${suffix}`, "gone", status);
     default:
-      return new KubeError(`${ctx.what}: HTTP ${status}${suffix}`, "http", status, { cause });
+      return new KubeError(`${ctx.what}: HTTP ${status}${suffix}`, "http", status);
   }
 }
 

@@ -10,6 +10,8 @@ import { alive, freePort, runDir, runOk, waitFor } from "./exec.ts";
 export interface Cluster {
   /** https://127.0.0.1:<port> */
   server: string;
+  /** etcd's client URL, http://127.0.0.1:<port> (plain HTTP; tests use its JSON gateway, e.g. to compact). */
+  etcdEndpoint: string;
   /** CA that signed the apiserver's serving certificate (what clients trust). */
   caFile: string;
   caPem: string;
@@ -85,6 +87,7 @@ export async function startCluster(opts: { controllerManager?: boolean } = {}): 
 
   return {
     server,
+    etcdEndpoint: `http://127.0.0.1:${etcdPort}`,
     caFile: pki.ca.cert,
     caPem: pki.ca.pem,
     clientCaFile: pki.clientCa.cert,

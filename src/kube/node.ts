@@ -1,0 +1,81 @@
+// The agent's own Node: finding it, and the only writes the agent makes to it — labels and
+// annotations (checksum, Kubernetes version, role, zone) and one status condition of its own
+// (SystemdUnitsReady), without disturbing what kubelet and others keep on the same object.
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import type { Kube } from "./client.ts";
+import { explainKubeError, KubeError, rethrow } from "./errors.ts";
+
+const hostnameLabel = "kubernetes.io/hostname";
+
+/**
+ * By name when the agent knows it (one GET), else by kubelet's hostname label, which must match
+ * exactly one Node. No match is reason "not-found": kubelet may not have registered the node yet.
+ */
+export async function findNode(kube: Kube, by: { name: string } | { hostname: string }): Promise<V1Node> {
+  const core = kube.config.makeApiClient(CoreV1Api);
+  if ("name" in by) return core.readNode({ name: by.name }).catch(rethrow(kube, `reading Node ${by.name}`));
+  // kubelet derives the label the same way (nodeutil.GetHostname): trimmed and lower-cased.
+  const hostname = by.hostname.trim().toLowerCase();
+  const selector = `${hostnameLabel}=${hostname}`;
+  const what = `finding the Node of host ${hostname}`;
+  const list = await core.listNode({ labelSelector: selector }).catch(rethrow(kube, what));
+  const names = list.items.map((n) => n.metadata?.name ?? "?");
+  const [node] = list.items;
+  if (!node) throw new KubeError(`${what}: no Node has the label ${selector} (has kubelet registered it yet?)`, "not-found");
+  if (list.items.length > 1) throw new KubeError(`${what}: ${names.length} Nodes have the label ${selector} (${names.join(", ")}); expected exactly one`, "other");
+  return node;
+}
+
+/** A JSON merge patch of metadata: a value sets the key, null removes it, a key not given is left alone. */
+export function patchNodeMetadata(
+  kube: Kube,
+  nodeName: string,
+  meta: { labels?: Record<string, string | null>; annotations?: Record<string, string | null> },
+): Promise<V1Node> {
+  const body = { metadata: { ...(meta.labels && { labels: meta.labels }), ...(meta.annotations && { annotations: meta.annotations }) } };
+  return kube.config
+    .makeApiClient(CoreV1Api)
+    .patchNode({ name: nodeName, body }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))
+    .catch(rethrow(kube, `patching labels/annotations of Node ${nodeName}`));
+}
+
+export type NodeCondition = { type: string; status: "True" | "False" | "Unknown"; reason: string; message: string };
+
+/**
+ * Sets one status condition, leaving the others alone: a strategic merge patch of the status
+ * subresource (conditions merge by type), with lastHeartbeatTime now and lastTransitionTime kept while
+ * the status stays the same. The patch carries the resourceVersion the decision was made on, so a
+ * concurrent change to the condition is a 409, answered by reading again.
+ */
+export async function patchNodeCondition(
+  kube: Kube,
+  nodeName: string,
+  condition: NodeCondition,
+  opts: { now?: () => Date; attempts?: number } = {},
+): Promise<V1Node> {
+  const core = kube.config.makeApiClient(CoreV1Api);
+  const now = opts.now ?? (() => new Date());
+  const attempts = opts.attempts ?? 5;
+  const what = `setting condition ${condition.type} of Node ${nodeName}`;
+  for (let attempt = 1; ; attempt++) {
+    const node = await core.readNode({ name: nodeName }).catch(rethrow(kube, what));
+    const existing = node.status?.conditions?.find((c) => c.type === condition.type);
+    const at = metaTime(now());
+    const since = existing?.status === condition.status && existing.lastTransitionTime ? metaTime(existing.lastTransitionTime) : at;
+    const body = {
+      metadata: { resourceVersion: node.metadata?.resourceVersion },
+      status: { conditions: [{ ...condition, lastHeartbeatTime: at, lastTransitionTime: since }] },
+    };
+    try {
+      return await core.patchNodeStatus({ name: nodeName, body }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
+    } catch (err) {
+      const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
+      if (e.reason !== "conflict" || attempt >= attempts) throw e;
+    }
+  }
+}
+
+/** metav1.Time's wire form: RFC 3339 in whole seconds. */
+export function metaTime(d: Date): string {
+  return d.toISOString().replace(/\.\d+Z$/, "Z");
+}

@@ -1,0 +1,64 @@
+// The pure parts of src/kube/watch.ts: backoff delays, what a relist delivers, and reading a watch
+// stream's lines (including the in-stream ERROR 410 that the e2e tests cannot make a real apiserver send).
+import { describe, expect, test } from "bun:test";
+import { statusError } from "../../src/kube/http.ts";
+import { backoffDelay, decodeWatchLine, type KubeObject, relistEvents } from "../../src/kube/watch.ts";
+
+describe("backoffDelay", () => {
+  const b = { initialMs: 500, maxMs: 30_000 };
+  test("doubles from the initial delay up to the cap", () => {
+    expect([1, 2, 3, 4, 5, 6, 7, 8, 20].map((n) => backoffDelay(n, b, 1))).toEqual([500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+  });
+  test("jitter keeps each delay between half and all of its ceiling", () => {
+    expect(backoffDelay(3, b, 0)).toBe(1000);
+    expect(backoffDelay(3, b, 0.5)).toBe(1500);
+    expect(backoffDelay(100, b, 0)).toBe(15_000);
+  });
+});
+
+describe("relistEvents", () => {
+  const obj = (name: string, uid: string, rv: string): KubeObject => ({ metadata: { name, namespace: "ns", uid, resourceVersion: rv } });
+  const known = new Map([
+    ["ns/same", obj("same", "u1", "10")],
+    ["ns/changed", obj("changed", "u2", "11")],
+    ["ns/gone", obj("gone", "u3", "12")],
+    ["ns/replaced", obj("replaced", "u4", "13")],
+  ]);
+  test("the first list is all ADDED", () => {
+    expect(relistEvents(new Map(), [obj("a", "u", "1")]).map((e) => e.type)).toEqual(["ADDED"]);
+  });
+  test("a relist repeats nothing: DELETED for vanished and replaced objects, then ADDED/MODIFIED in list order", () => {
+    const events = relistEvents(known, [obj("new", "u5", "20"), obj("same", "u1", "10"), obj("changed", "u2", "21"), obj("replaced", "u6", "22")]);
+    expect(events.map((e) => `${e.type} ${e.object.metadata?.name} ${e.object.metadata?.resourceVersion}`)).toEqual([
+      "DELETED gone 12",
+      "DELETED replaced 13",
+      "ADDED new 20",
+      "MODIFIED changed 21",
+      "ADDED replaced 22",
+    ]);
+  });
+});
+
+describe("decodeWatchLine", () => {
+  test("events and bookmarks carry their resourceVersion", () => {
+    expect(decodeWatchLine('{"type":"MODIFIED","object":{"metadata":{"name":"a","resourceVersion":"7"}}}')).toEqual({
+      type: "MODIFIED",
+      object: { metadata: { name: "a", resourceVersion: "7" } },
+      resourceVersion: "7",
+    });
+    expect(decodeWatchLine('{"type":"BOOKMARK","object":{"kind":"Secret","metadata":{"resourceVersion":"9"}}}')).toEqual({ type: "BOOKMARK", resourceVersion: "9" });
+  });
+  test("an in-stream ERROR 410 becomes a 'gone' KubeError, which makes the watcher list again", () => {
+    const line = '{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 5 (9)","reason":"Expired","code":410}}';
+    const decoded = decodeWatchLine(line);
+    expect(decoded).toMatchObject({ type: "ERROR", code: 410 });
+    if (decoded.type !== "ERROR") throw new Error("not an ERROR");
+    const err = statusError({ server: "https://x", caSource: "ca.crt" }, "watching s", decoded.code, decoded.status);
+    expect(err).toMatchObject({ reason: "gone", status: 410, message: "watching s: gone (410): too old resource version: 5 (9)" });
+  });
+  test("a line that is not a watch event is an error, not skipped", () => {
+    expect(() => decodeWatchLine("{not json")).toThrow("unreadable event");
+    expect(() => decodeWatchLine('{"type":"ADDED","object":{"metadata":{}}}')).toThrow("ADDED event without a resourceVersion");
+    expect(() => decodeWatchLine('{"type":"SYNC","object":{"metadata":{"resourceVersion":"1"}}}')).toThrow('unknown event type "SYNC"');
+  });
+});
