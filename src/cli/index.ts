@@ -6,6 +6,7 @@ import { UsageError } from "./errors.ts";
 type Command = { summary: string; load: () => Promise<{ run(args: string[]): Promise<number> }> };
 
 const commands: Record<string, Command> = {
+  run: { summary: "run the node agent (the default when no command is given)", load: () => import("./run.ts") },
   plan: { summary: "show what applying an OSC file would change on this machine, and why", load: () => import("./plan.ts") },
   apply: { summary: "apply an OSC file to this machine without a cluster", load: () => import("./apply.ts") },
   version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
@@ -20,10 +21,12 @@ function usage(): string {
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const [name, ...rest] = argv;
-  if (name === undefined || name === "help" || name === "--help" || name === "-h") {
+  // Like gardener-node-agent, the agent is what runs without a command (flags only).
+  const first = argv[0];
+  const [name = "run", ...rest] = first === undefined || (first.startsWith("--") && first !== "--help") ? ["run", ...argv] : argv;
+  if (name === "help" || name === "--help" || name === "-h") {
     console.log(usage());
-    return name === undefined ? 2 : 0;
+    return 0;
   }
   const command = commands[name];
   if (!command) {

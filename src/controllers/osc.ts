@@ -1,0 +1,365 @@
+// The OperatingSystemConfig controller: watches the OSC Secret (by name only) and the agent's Node,
+// and reconciles the node to the OSC — on every change, every syncPeriod (drift repair), and on retry
+// after a failure. Level-triggered and single-flight: each reconcile reads the latest Secret, never
+// the event that woke it, and a trigger during a reconcile runs one more afterwards.
+//
+// Rollout controls from the control plane: the Node annotation reconciliation-delay holds an updated
+// OSC back for that long after it was first seen, and a Secret annotated serial applies one node at a
+// time through a Lease. A node whose apply fails keeps the serial lease, so a bad change stops there
+// instead of rolling on to the next node.
+import { Buffer } from "node:buffer";
+import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
+import { type Desired, parseOsc, resolveDesired, secretRefsOf, sha256Hex } from "../api/desired.ts";
+import { parseGoDuration } from "../api/duration.ts";
+import { oscDataKey, paths } from "../api/paths.ts";
+import { type ApplyOutcome, applyDesired } from "../apply/apply.ts";
+import type { StateStore } from "../apply/state-store.ts";
+import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import type { Kube } from "../kube/client.ts";
+import { explainKubeError } from "../kube/errors.ts";
+import type { EventRecorder } from "../kube/events.ts";
+import { findNode, patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
+import { createSerialGate, serialAnnotation } from "../kube/serial-gate.ts";
+import { watchObjects, type Watcher } from "../kube/watch.ts";
+import { describeError, type Logger } from "../log.ts";
+import { describeStep } from "../plan/render.ts";
+
+export const annotations = {
+  appliedChecksum: "checksum/cloud-config-data",
+  reconciliationDelay: "node-agent.gardener.cloud/reconciliation-delay",
+} as const;
+export const labels = {
+  kubernetesVersion: "worker.gardener.cloud/kubernetes-version",
+  worker: "node-role.kubernetes.io/worker",
+  controlPlane: "node-role.kubernetes.io/control-plane",
+  zone: "topology.kubernetes.io/zone",
+} as const;
+/** trellis's own Node condition: whether the current OSC is applied, and if not, why. */
+export const conditionType = "OperatingSystemConfigApplied";
+const kubeletBootstrapKubeconfig = "/var/lib/kubelet/kubeconfig-bootstrap";
+const apiServerManifest = "/etc/kubernetes/manifests/kube-apiserver.yaml";
+
+export type OscControllerDeps = {
+  kube: Kube;
+  files: Files;
+  systemd: Systemd;
+  store: StateStore;
+  events: EventRecorder;
+  log: Logger;
+  secretName: string;
+  kubernetesVersion: string;
+  syncPeriodMs: number;
+  hostName: string;
+  selfUnit: string;
+  /** The agent itself authenticates with the bootstrap token (no kubeconfig yet): it must stay. */
+  bootstrapTokenInUse: boolean;
+  now?: () => number;
+};
+
+export type OscControllerStatus = {
+  synced: boolean;
+  lastChecksum?: string;
+  lastResult?: "applied" | "failed" | "invalid" | "waiting";
+  lastError?: string;
+  reconciles: number;
+};
+
+export type OscController = {
+  /** Resolves once the Secret's first LIST has been delivered. */
+  synced: Promise<void>;
+  status(): OscControllerStatus;
+  stop(): Promise<void>;
+};
+
+type Wait = { atMs: number; why: string };
+
+export function startOscController(deps: OscControllerDeps): OscController {
+  const log = deps.log.with({ controller: "osc" });
+  const now = deps.now ?? Date.now;
+  const core = deps.kube.config.makeApiClient(CoreV1Api);
+  let secret: V1Secret | undefined;
+  let node: V1Node | undefined;
+  let nodeWatch: Watcher | undefined;
+  const firstSeen = new Map<string, number>(); // checksum → when this agent first saw it (for the delay)
+  const reported = new Set<string>(); // "reason/checksum" of problems already reported as events
+  let failures = 0;
+  let stopped = false;
+  const status: OscControllerStatus = { synced: false, reconciles: 0 };
+
+  // Single flight: `pending` asks for one more run after the current one.
+  let running: Promise<void> | undefined;
+  let pending = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const trigger = (why: string) => {
+    if (stopped) return;
+    if (running) {
+      pending = true;
+      return;
+    }
+    running = (async () => {
+      do {
+        pending = false;
+        const wait = await reconcile(why).catch((err: unknown) => {
+          log.error("reconcile failed", { error: err instanceof Error ? describeError(err) : String(err) });
+          return retryWait("reconcile error");
+        });
+        schedule(wait);
+      } while (pending && !stopped);
+      running = undefined;
+    })();
+  };
+  const schedule = (wait: Wait) => {
+    if (timer) clearTimeout(timer);
+    if (stopped) return;
+    timer = setTimeout(() => trigger(wait.why), Math.max(0, wait.atMs - now()));
+  };
+  const periodic = (): Wait => ({ atMs: now() + deps.syncPeriodMs, why: "periodic re-check" });
+  const retryWait = (why: string): Wait => {
+    failures++;
+    const ms = Math.min(1000 * 2 ** Math.min(failures - 1, 8), 5 * 60_000);
+    return { atMs: now() + ms, why: `retry after ${why}` };
+  };
+
+  const secretWatch = watchObjects<V1Secret>({
+    kube: deps.kube,
+    path: "/api/v1/namespaces/kube-system/secrets",
+    fieldSelector: `metadata.name=${deps.secretName}`,
+    log,
+    onEvent: (e) => {
+      secret = e.type === "DELETED" ? undefined : e.object;
+      trigger(`secret ${e.type.toLowerCase()}`);
+    },
+  });
+  const synced = secretWatch.synced.then(() => {
+    status.synced = true;
+  });
+
+  async function ensureNode(): Promise<V1Node | undefined> {
+    if (node) return node;
+    try {
+      node = await findNode(deps.kube, { hostname: deps.hostName });
+    } catch (err) {
+      log.info("the Node is not registered yet; reporting waits for it", { hostName: deps.hostName, reason: err instanceof Error ? err.message : String(err) });
+      return undefined;
+    }
+    const name = node.metadata?.name as string;
+    nodeWatch = watchObjects<V1Node>({
+      kube: deps.kube,
+      path: "/api/v1/nodes",
+      fieldSelector: `metadata.name=${name}`,
+      log,
+      onEvent: (e) => {
+        if (e.type === "DELETED") return void (node = undefined);
+        // Kubelet updates the Node all the time: only the rollout annotation concerns this controller.
+        const before = node?.metadata?.annotations?.[annotations.reconciliationDelay];
+        node = e.object;
+        if (node.metadata?.annotations?.[annotations.reconciliationDelay] !== before) trigger("reconciliation delay changed");
+      },
+    });
+    return node;
+  }
+
+  async function reconcile(why: string): Promise<Wait> {
+    status.reconciles++;
+    if (!secret) {
+      status.lastResult = "waiting";
+      log.info("waiting for the OSC Secret", { secret: `kube-system/${deps.secretName}`, why });
+      return periodic();
+    }
+    const source = `Secret kube-system/${deps.secretName}`;
+    const encoded = secret.data?.[oscDataKey];
+    if (encoded === undefined) return invalid("missing", [`${source}: has no data["${oscDataKey}"]`]);
+    const text = Buffer.from(encoded, "base64").toString("utf8");
+    const checksum = sha256Hex(text);
+    status.lastChecksum = checksum;
+    const parsed = parseOsc(text, source);
+    if (!parsed.ok) return invalid(checksum, parsed.errors);
+    const refs = await fetchSecrets(secretRefsOf(parsed.value));
+    const resolved = resolveDesired(parsed.value, { hostName: deps.hostName, secrets: refs, source });
+    if (!resolved.ok) return invalid(checksum, resolved.errors);
+    const desired = resolved.value;
+
+    const state = await deps.store.read();
+    const current = await ensureNode();
+    const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
+    if (!firstSeen.has(checksum)) firstSeen.set(checksum, now());
+    if (isUpdate) {
+      const hold = delayRemaining(current, checksum);
+      if (hold > 0) {
+        log.info("holding the updated OSC back (reconciliation delay)", { checksum, remainingMs: hold });
+        return { atMs: now() + hold, why: "reconciliation delay over" };
+      }
+    }
+    const serial = isUpdate && secret.metadata?.annotations?.[serialAnnotation] === "true" && current !== undefined;
+    const gate = serial
+      ? createSerialGate({
+          kube: deps.kube,
+          secret: { name: deps.secretName, namespace: "kube-system", uid: secret.metadata?.uid ?? "" },
+          identity: current.metadata?.name as string,
+          log,
+        })
+      : undefined;
+    if (gate) {
+      const decision = await gate.acquire();
+      if (!decision.held) {
+        log.info("another node is applying this OSC (serial rollout)", { holder: decision.holder, retryAfterMs: decision.retryAfterMs });
+        return { atMs: now() + decision.retryAfterMs, why: "serial lease may be free" };
+      }
+    }
+
+    const started = now();
+    const outcome = await applyDesired(desired, checksum, text, {
+      files: deps.files,
+      systemd: deps.systemd,
+      store: deps.store,
+      log,
+      selfUnit: deps.selfUnit,
+    });
+    log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
+      checksum,
+      steps: outcome.executed.length,
+      failures: outcome.failures.length,
+      resumed: outcome.resumed,
+      durationMs: now() - started,
+      restarted: outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : [])),
+    });
+    if (!outcome.complete) {
+      status.lastResult = "failed";
+      status.lastError = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
+      await reportFailure(current, checksum, outcome);
+      return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
+    }
+    failures = 0;
+    status.lastResult = "applied";
+    status.lastError = undefined;
+    if (gate) await gate.release();
+    await reportSuccess(current, checksum, desired, outcome);
+    return periodic();
+  }
+
+  function delayRemaining(current: V1Node | undefined, checksum: string): number {
+    const text = current?.metadata?.annotations?.[annotations.reconciliationDelay];
+    if (!text) return 0;
+    const delay = parseGoDuration(text);
+    if (delay === undefined || delay < 0) {
+      log.warn("ignoring an unparsable reconciliation delay", { annotation: annotations.reconciliationDelay, value: text });
+      return 0;
+    }
+    return (firstSeen.get(checksum) as number) + delay - now();
+  }
+
+  async function fetchSecrets(names: string[]): Promise<Map<string, Record<string, Uint8Array> | undefined>> {
+    const out = new Map<string, Record<string, Uint8Array> | undefined>();
+    for (const name of names) {
+      try {
+        const s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
+        out.set(name, Object.fromEntries(Object.entries(s.data ?? {}).map(([k, v]) => [k, new Uint8Array(Buffer.from(v, "base64"))])));
+      } catch (err) {
+        const e = explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Secret kube-system/${name}` });
+        if (e.reason !== "not-found") throw e;
+        out.set(name, undefined);
+      }
+    }
+    return out;
+  }
+
+  async function invalid(checksum: string, errors: string[]): Promise<Wait> {
+    status.lastResult = "invalid";
+    status.lastError = errors.join("; ");
+    // The node keeps its last good state; the Secret's next change wakes the controller again.
+    log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
+    const current = await ensureNode();
+    if (current && !reported.has(`invalid/${checksum}`)) {
+      reported.add(`invalid/${checksum}`);
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
+      await setCondition(current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
+    }
+    return periodic();
+  }
+
+  async function reportFailure(current: V1Node | undefined, checksum: string, outcome: ApplyOutcome): Promise<void> {
+    if (!current) return;
+    for (const f of outcome.failures) {
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCApplyFailed", message: `${describeStep(f.step)}: ${f.error}` });
+    }
+    await setCondition(current, "False", "ApplyFailed", `applying OSC ${checksum.slice(0, 12)}: ${outcome.failures.map((f) => describeStep(f.step)).join("; ")}`);
+  }
+
+  async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
+    await removeBootstrapCredentials();
+    for (const u of desired.unsupported) {
+      if (current && !reported.has(`unsupported/${checksum}/${u}`)) {
+        reported.add(`unsupported/${checksum}/${u}`);
+        await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
+      }
+    }
+    if (!current) return;
+    const name = current.metadata?.name as string;
+    const wanted = await nodeMetadata(checksum, desired);
+    const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
+    // A no-op re-check costs no API request.
+    if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => have[k] !== v)) {
+      node = await patchNodeMetadata(deps.kube, name, wanted);
+    }
+    if (outcome.executed.length > 0 || outcome.resumed) {
+      const restarted = outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : []));
+      await deps.events.record({
+        node: nodeRef(current),
+        type: "Normal",
+        reason: "OSCApplied",
+        message: `Applied OSC ${checksum.slice(0, 12)}: ${outcome.executed.length} step(s)${restarted.length ? `, restarted ${restarted.join(", ")}` : ""}`,
+      });
+    }
+    await setCondition(current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`);
+  }
+
+  async function nodeMetadata(checksum: string, desired: Desired) {
+    const controlPlane = desired.files.some((f) => f.path === apiServerManifest);
+    const zone = await deps.files.read(paths.zone).catch(() => undefined);
+    const zoneName = zone ? new TextDecoder().decode(zone).trim() : "";
+    return {
+      annotations: { [annotations.appliedChecksum]: checksum },
+      labels: {
+        [labels.kubernetesVersion]: deps.kubernetesVersion,
+        [controlPlane ? labels.controlPlane : labels.worker]: "",
+        ...(zoneName ? { [labels.zone]: zoneName } : {}),
+      },
+    };
+  }
+
+  async function setCondition(current: V1Node, value: "True" | "False", reason: string, message: string): Promise<void> {
+    const existing = current.status?.conditions?.find((c) => c.type === conditionType);
+    if (existing?.status === value && existing.reason === reason && existing.message === message) return;
+    try {
+      node = await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
+    } catch (err) {
+      log.warn("could not set the Node condition", { condition: conditionType, error: err instanceof Error ? describeError(err) : String(err) });
+    }
+  }
+
+  // Once an apply succeeded the bootstrap token and kubelet's bootstrap kubeconfig must not stay on
+  // the node. Checked after every success (two failed unlinks when they are gone), so a crash right
+  // after the first success cannot leave them behind.
+  async function removeBootstrapCredentials(): Promise<void> {
+    const remove = deps.bootstrapTokenInUse ? [kubeletBootstrapKubeconfig] : [paths.bootstrapToken, kubeletBootstrapKubeconfig];
+    for (const path of remove) {
+      if (await deps.files.remove(path)) log.info("removed bootstrap credentials after the first successful apply", { path });
+    }
+  }
+
+  return {
+    synced,
+    status: () => ({ ...status }),
+    stop: async () => {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+      await Promise.all([secretWatch.stop(), nodeWatch?.stop()]);
+      await running;
+    },
+  };
+}
+
+function nodeRef(n: V1Node): { name: string; uid: string } {
+  return { name: n.metadata?.name ?? "", uid: n.metadata?.uid ?? "" };
+}

@@ -1,0 +1,105 @@
+// The agent as it runs on a node: compiled binary, systemd unit, real kube-apiserver. The control
+// plane writes the OSC Secret; the node follows it and reports.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { parse, stringify } from "yaml";
+import { type AgentNode, mainPid, nodeEvents, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
+
+const secretName = "gardener-node-agent-worker-e2e";
+const fixture = parse(readFileSync(new URL("../fixtures/web-osc.yaml", import.meta.url), "utf8"), { version: "1.1" });
+const osc = (page: string, mutate: (o: typeof fixture) => void = () => {}) => {
+  const o = structuredClone(fixture);
+  o.spec.files[0].content.inline.data = page;
+  mutate(o);
+  return stringify(o);
+};
+
+let cluster: Cluster;
+let agent: AgentNode;
+
+beforeAll(async () => {
+  cluster = await startCluster({ controllerManager: false });
+  agent = await startAgentNode(cluster, { prefix: "agent", secretName });
+}, 120_000);
+afterAll(async () => {
+  await agent?.node.stop();
+  await cluster?.stop();
+});
+
+describe("the agent follows the OSC Secret", () => {
+  test("first apply: files, units, Node annotation and labels, an OSCApplied event, the condition", async () => {
+    const checksum = await putOscSecret(cluster, secretName, osc("<h1>v1</h1>\n"));
+    const node = await waitApplied(agent, checksum);
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v1</h1>\n");
+    expect((await agent.node.exec(["systemctl", "is-active", "web.service", "ticker.service"])).stdout).toBe("active\nactive\n");
+    expect(node.metadata?.labels).toMatchObject({ "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "" });
+    const applied = (await nodeEvents(agent)).find((e) => e.reason === "OSCApplied");
+    expect(applied?.message).toContain(`Applied OSC ${checksum.slice(0, 12)}`);
+    expect(node.status?.conditions?.find((c) => c.type === "OperatingSystemConfigApplied")).toMatchObject({ status: "True", reason: "Applied" });
+  });
+
+  test("changing a file a unit lists restarts only that unit", async () => {
+    const [web, ticker, self] = [await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service"), await mainPid(agent, "gardener-node-agent.service")];
+    const checksum = await putOscSecret(cluster, secretName, osc("<h1>v2</h1>\n"));
+    await waitApplied(agent, checksum);
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v2</h1>\n");
+    expect(await mainPid(agent, "web.service")).not.toBe(web);
+    expect(await mainPid(agent, "ticker.service")).toBe(ticker);
+    expect(await mainPid(agent, "gardener-node-agent.service")).toBe(self);
+  });
+
+  test("a bad OSC changes nothing, and says which field in a Warning event and the Node condition", async () => {
+    await putOscSecret(cluster, secretName, osc("<h1>v3</h1>\n", (o) => o.spec.files.push({ path: "/etc/x", content: { inline: { encoding: "b64", data: "!!" } } })));
+    const warning = await waitFor("an OSCInvalid event", async () => (await nodeEvents(agent)).find((e) => e.reason === "OSCInvalid"), 20_000);
+    expect(warning.type).toBe("Warning");
+    expect(warning.message).toContain("spec.files[2] (/etc/x).content.inline.data: not valid base64");
+    const condition = await waitFor("the condition to say Invalid", async () => {
+      const c = (await readNode(agent)).status?.conditions?.find((x) => x.type === "OperatingSystemConfigApplied");
+      return c?.status === "False" ? c : undefined;
+    });
+    expect(condition).toMatchObject({ reason: "Invalid" });
+    expect(condition.message).toContain("not valid base64");
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v2</h1>\n");
+    // Fixed: applied again.
+    await waitApplied(agent, await putOscSecret(cluster, secretName, osc("<h1>v4</h1>\n")));
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v4</h1>\n");
+  });
+
+  test("the reconciliation-delay annotation holds an update back for that long", async () => {
+    await agent.core.patchNode(
+      { name: agent.name, body: [{ op: "add", path: "/metadata/annotations/node-agent.gardener.cloud~1reconciliation-delay", value: "3s" }] },
+    );
+    await Bun.sleep(500); // the agent sees the annotation on its Node watch
+    const t0 = Date.now();
+    const checksum = await putOscSecret(cluster, secretName, osc("<h1>v5</h1>\n"));
+    await Bun.sleep(1500);
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v4</h1>\n");
+    await waitApplied(agent, checksum, 15_000);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(2900);
+    await agent.core.patchNode({ name: agent.name, body: [{ op: "remove", path: "/metadata/annotations/node-agent.gardener.cloud~1reconciliation-delay" }] });
+  });
+
+  test("after kube-apiserver restarts, the next change is still applied", async () => {
+    await cluster.restartApiServer();
+    const checksum = await putOscSecret(cluster, secretName, osc("<h1>v6</h1>\n"));
+    await waitApplied(agent, checksum, 60_000);
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v6</h1>\n");
+  }, 90_000);
+
+  test("kill -9 of the agent right after an update: systemd restarts it and it finishes the work", async () => {
+    const web = await mainPid(agent, "web.service");
+    const checksum = await putOscSecret(cluster, secretName, osc("<h1>v7</h1>\n", (o) => {
+      for (let i = 0; i < 200; i++) o.spec.files.push({ path: `/etc/bulk/f${i}`, permissions: 0o644, content: { inline: { encoding: "", data: `bulk ${i}\n` } } });
+    }));
+    await Bun.sleep(40);
+    const agentPid = await mainPid(agent, "gardener-node-agent.service");
+    await agent.node.exec(["kill", "-9", String(agentPid)]);
+    await waitApplied(agent, checksum, 30_000);
+    expect(await mainPid(agent, "gardener-node-agent.service")).not.toBe(agentPid);
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v7</h1>\n");
+    expect(await mainPid(agent, "web.service")).not.toBe(web);
+    expect((await agent.node.execOk(["sh", "-c", "ls /etc/bulk | wc -l"])).trim()).toBe("200");
+  }, 60_000);
+});

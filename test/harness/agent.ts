@@ -1,0 +1,117 @@
+// A node running the compiled agent the way a real one does: binary at /opt/bin, the systemd unit
+// gardener-node-agent.service, the NodeAgentConfiguration and a client-certificate kubeconfig under
+// /var/lib/gardener-node-agent, a Node object as kubelet would register it, and exactly the RBAC of
+// docs/rbac.md. Shared by the agent e2e tests, the demo and the benchmarks.
+import { Buffer } from "node:buffer";
+import { readFileSync } from "node:fs";
+import { CoreV1Api, type CoreV1Event, type V1Node } from "@kubernetes/client-node";
+import { sha256Hex } from "../../src/api/desired.ts";
+import { trellisBinary } from "./binary.ts";
+import type { Cluster } from "./cluster.ts";
+import { waitFor } from "./exec.ts";
+import { bootNode, type Node } from "./node.ts";
+import { userWithRules } from "./rbac.ts";
+
+export const agentUnitText = `[Unit]
+Description=trellis node agent (gardener-node-agent compatible)
+After=network-online.target
+[Service]
+ExecStart=/opt/bin/gardener-node-agent --config-dir /var/lib/gardener-node-agent
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+`;
+
+export type AgentNode = { node: Node; name: string; core: CoreV1Api };
+
+/** Rules of docs/rbac.md for an agent reading `secrets` (the OSC secret and its secretRefs). */
+function agentRules(secrets: string[]) {
+  return [
+    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: secrets, verbs: ["get", "list", "watch"] }] },
+    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "create", "update"] }] },
+    { namespace: "default", rules: [{ apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] }] },
+    {
+      rules: [
+        { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] },
+        { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] },
+      ],
+    },
+  ];
+}
+
+export async function startAgentNode(
+  cluster: Cluster,
+  opts: { prefix: string; secretName: string; secretRefs?: string[]; syncPeriod?: string; start?: boolean },
+): Promise<AgentNode> {
+  const node = await bootNode(opts.prefix, { net: "host" });
+  const core = cluster.admin().makeApiClient(CoreV1Api);
+  // What kubelet would register: the hostname label is how the agent finds its Node.
+  await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
+  const { kubeconfig } = await userWithRules(cluster, `gardener.cloud:node-agent:machine:${node.name}`, agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
+  await node.writeFile("/var/lib/gardener-node-agent/credentials/kubeconfig", readFileSync(kubeconfig, "utf8"), 0o600);
+  await node.writeFile(
+    "/var/lib/gardener-node-agent/config.yaml",
+    `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+kind: NodeAgentConfiguration
+controllers:
+  operatingSystemConfig:
+    secretName: ${opts.secretName}
+    kubernetesVersion: 1.35.4
+    syncPeriod: ${opts.syncPeriod ?? "10m"}
+`,
+    0o600,
+  );
+  await node.install(await trellisBinary(), "/opt/bin/gardener-node-agent");
+  await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
+  await node.execOk(["systemctl", "daemon-reload"]);
+  if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
+  return { node, name: node.name, core };
+}
+
+/** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */
+export async function putOscSecret(cluster: Cluster, name: string, oscYaml: string, annotations: Record<string, string> = {}): Promise<string> {
+  const core = cluster.admin().makeApiClient(CoreV1Api);
+  const checksum = sha256Hex(oscYaml);
+  const body = {
+    metadata: {
+      name,
+      namespace: "kube-system",
+      labels: { "gardener.cloud/role": "operating-system-config" },
+      annotations: { "checksum/data-script": checksum, ...annotations },
+    },
+    data: { "osc.yaml": Buffer.from(oscYaml).toString("base64") },
+  };
+  try {
+    await core.replaceNamespacedSecret({ name, namespace: "kube-system", body });
+  } catch {
+    await core.createNamespacedSecret({ namespace: "kube-system", body });
+  }
+  return checksum;
+}
+
+export async function readNode(a: AgentNode): Promise<V1Node> {
+  return a.core.readNode({ name: a.name });
+}
+
+/** Waits until the Node carries `checksum` as applied. */
+export async function waitApplied(a: AgentNode, checksum: string, timeoutMs = 30_000): Promise<V1Node> {
+  return waitFor(
+    `${a.name} to apply ${checksum.slice(0, 12)}`,
+    async () => {
+      const n = await readNode(a);
+      return n.metadata?.annotations?.["checksum/cloud-config-data"] === checksum ? n : undefined;
+    },
+    timeoutMs,
+    50,
+  );
+}
+
+export async function nodeEvents(a: AgentNode): Promise<CoreV1Event[]> {
+  const list = await a.core.listNamespacedEvent({ namespace: "default", fieldSelector: `involvedObject.name=${a.name}` });
+  return list.items;
+}
+
+export async function mainPid(a: AgentNode, unit: string): Promise<number> {
+  return Number((await a.node.execOk(["systemctl", "show", "-P", "MainPID", unit])).trim());
+}
