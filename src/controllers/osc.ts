@@ -20,7 +20,7 @@ import type { Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import type { EventRecorder } from "../kube/events.ts";
 import { findNode, patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
-import { createSerialGate, serialAnnotation } from "../kube/serial-gate.ts";
+import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
 import { watchObjects, type Watcher } from "../kube/watch.ts";
 import { describeError, type Logger } from "../log.ts";
 import { describeStep } from "../plan/render.ts";
@@ -85,6 +85,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const reported = new Set<string>(); // "reason/checksum" of problems already reported as events
   let failures = 0;
   let stopped = false;
+  let leftoverLeaseChecked = false;
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
   // Single flight: `pending` asks for one more run after the current one.
@@ -191,31 +192,35 @@ export function startOscController(deps: OscControllerDeps): OscController {
         return { atMs: now() + hold, why: "reconciliation delay over" };
       }
     }
-    const serial = isUpdate && secret.metadata?.annotations?.[serialAnnotation] === "true" && current !== undefined;
-    const gate = serial
-      ? createSerialGate({
-          kube: deps.kube,
-          secret: { name: deps.secretName, namespace: "kube-system", uid: secret.metadata?.uid ?? "" },
-          identity: current.metadata?.name as string,
-          log,
-        })
-      : undefined;
+    if (!isUpdate && !leftoverLeaseChecked && isSerialRollout(secret) && current) {
+      // A crash between a successful apply and the release would hold up the rollout until the
+      // lease expires: give back a lease this node still holds.
+      leftoverLeaseChecked = true;
+      await serialGate(current).release();
+    }
+    const serial = isUpdate && isSerialRollout(secret) && current !== undefined;
+    const gate = serial ? serialGate(current) : undefined;
     if (gate) {
       const decision = await gate.acquire();
       if (!decision.held) {
         log.info("another node is applying this OSC (serial rollout)", { holder: decision.holder, retryAfterMs: decision.retryAfterMs });
-        return { atMs: now() + decision.retryAfterMs, why: "serial lease may be free" };
+        // Jittered, so that waiting nodes do not all ask at the same instant.
+        return { atMs: now() + decision.retryAfterMs * (0.5 + Math.random() / 2), why: "serial lease may be free" };
       }
     }
 
     const started = now();
+    // Unit jobs can take minutes: keep the 600 s lease fresh while applying.
+    const renewal = gate
+      ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: err instanceof Error ? describeError(err) : String(err) })), 60_000)
+      : undefined;
     const outcome = await applyDesired(desired, checksum, text, {
       files: deps.files,
       systemd: deps.systemd,
       store: deps.store,
       log,
       selfUnit: deps.selfUnit,
-    });
+    }).finally(() => clearInterval(renewal));
     log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
       checksum,
       steps: outcome.executed.length,
@@ -233,9 +238,21 @@ export function startOscController(deps: OscControllerDeps): OscController {
     failures = 0;
     status.lastResult = "applied";
     status.lastError = undefined;
-    if (gate) await gate.release();
-    await reportSuccess(current, checksum, desired, outcome);
+    // Released after reporting, so the next node starts once this one shows the OSC as applied.
+    await reportSuccess(current, checksum, desired, outcome).finally(() => gate?.release());
     return periodic();
+  }
+
+  function serialGate(current: V1Node) {
+    return createSerialGate({
+      kube: deps.kube,
+      secret: { name: deps.secretName, namespace: "kube-system", uid: secret?.metadata?.uid ?? "" },
+      identity: current.metadata?.name as string,
+      log,
+      // A waiting node looks again within seconds, so a released lease is taken up quickly; the
+      // cost is a few GETs per waiting node during a rollout, none otherwise.
+      maxRetryAfterMs: 5_000,
+    });
   }
 
   function delayRemaining(current: V1Node | undefined, checksum: string): number {

@@ -1,0 +1,80 @@
+// Serial rollout across three real nodes: with the Secret annotated serial, an updated OSC is applied
+// by one node at a time, each inside its own turn on the Lease named after the Secret.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { CoordinationV1Api } from "@kubernetes/client-node";
+import { stringify } from "yaml";
+import { type AgentNode, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { type Cluster, startCluster } from "../harness/cluster.ts";
+
+const secretName = "gardener-node-agent-serial";
+const serial = { "reconciliation.osc.node-agent.gardener.cloud/serial": "true" };
+// A restart of slow.service takes over a second, so each node holds the lease that long.
+const osc = (version: number) =>
+  stringify({
+    apiVersion: "extensions.gardener.cloud/v1alpha1",
+    kind: "OperatingSystemConfig",
+    spec: {
+      units: [
+        {
+          name: "slow.service",
+          command: "start",
+          content: "[Service]\nExecStartPre=/bin/sleep 1\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n",
+          filePaths: ["/etc/slow/version"],
+        },
+      ],
+      files: [{ path: "/etc/slow/version", permissions: 0o644, content: { inline: { encoding: "", data: `${version}\n` } } }],
+    },
+  });
+
+let cluster: Cluster;
+let nodes: AgentNode[] = [];
+
+beforeAll(async () => {
+  cluster = await startCluster({ controllerManager: false });
+  nodes = await Promise.all(["sa", "sb", "sc"].map((prefix) => startAgentNode(cluster, { prefix, secretName })));
+}, 120_000);
+afterAll(async () => {
+  await Promise.all(nodes.map((n) => n.node.stop()));
+  await cluster?.stop();
+});
+
+test("an updated OSC is applied one node at a time, each inside its turn on the Lease", async () => {
+  const first = await putOscSecret(cluster, secretName, osc(1), serial);
+  await Promise.all(nodes.map((n) => waitApplied(n, first, 30_000)));
+
+  const leases = cluster.admin().makeApiClient(CoordinationV1Api);
+  const samples: { t: number; holder: string; applied: string[] }[] = [];
+  const second = await putOscSecret(cluster, secretName, osc(2), serial);
+  const t0 = Date.now();
+  for (;;) {
+    const [lease, ...states] = await Promise.all([
+      leases.readNamespacedLease({ name: secretName, namespace: "kube-system" }).catch(() => undefined),
+      ...nodes.map(readNode),
+    ]);
+    const applied = nodes.filter((_, i) => states[i]?.metadata?.annotations?.["checksum/cloud-config-data"] === second).map((n) => n.name);
+    samples.push({ t: Date.now() - t0, holder: lease?.spec?.holderIdentity ?? "", applied });
+    if (applied.length === nodes.length && !lease?.spec?.holderIdentity) break;
+    if (Date.now() - t0 > 60_000) throw new Error(`rollout did not finish: ${JSON.stringify(samples.at(-1))}`);
+    await Bun.sleep(25);
+  }
+
+  // Turns: maximal runs of samples with the same non-empty holder.
+  const turns: { holder: string; from: number; to: number }[] = [];
+  for (const s of samples) {
+    const last = turns.at(-1);
+    if (s.holder && last?.holder === s.holder && last.to === samples.indexOf(s) - 1) last.to = samples.indexOf(s);
+    else if (s.holder) turns.push({ holder: s.holder, from: samples.indexOf(s), to: samples.indexOf(s) });
+  }
+  expect(turns.map((t) => t.holder).sort()).toEqual(nodes.map((n) => n.name).sort()); // each node exactly one turn
+  for (const n of nodes) {
+    // A node's apply shows up during its turn or in the sample right after it.
+    const appliedAt = samples.findIndex((s) => s.applied.includes(n.name));
+    const turn = turns.find((t) => t.holder === n.name);
+    expect({ node: n.name, appliedDuringTurn: turn !== undefined && appliedAt >= turn.from && appliedAt <= turn.to + 1 }).toEqual({ node: n.name, appliedDuringTurn: true });
+  }
+  // Nodes apply in the order of their turns, never two in the same window.
+  const order = nodes.map((n) => ({ name: n.name, at: samples.findIndex((s) => s.applied.includes(n.name)) })).sort((a, b) => a.at - b.at);
+  expect(order.map((o) => o.name)).toEqual(turns.map((t) => t.holder));
+  expect(new Set(order.map((o) => o.at)).size).toBe(nodes.length);
+  expect(samples.at(-1)?.t ?? 0).toBeGreaterThanOrEqual(3000); // three turns of at least a second each
+}, 120_000);
