@@ -17,7 +17,7 @@ import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import type { Kube } from "../kube/client.ts";
-import { explainKubeError } from "../kube/errors.ts";
+import { explainKubeError, KubeError } from "../kube/errors.ts";
 import type { EventRecorder } from "../kube/events.ts";
 import { findNode, patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
@@ -101,8 +101,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
     running = (async () => {
       do {
         pending = false;
-        const wait = await reconcile(why).catch((err: unknown) => {
-          log.error("reconcile failed", { error: err instanceof Error ? describeError(err) : String(err) });
+        const wait = await reconcile(why).catch(async (err: unknown) => {
+          const error = err instanceof Error ? describeError(err) : String(err);
+          status.lastResult = "failed";
+          status.lastError = error;
+          log.error("reconcile failed", { error });
+          if (node) await deps.events.record({ node: nodeRef(node), type: "Warning", reason: "OSCReconcileError", message: error });
           return retryWait("reconcile error");
         });
         schedule(wait);
@@ -139,7 +143,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
   async function ensureNode(): Promise<V1Node | undefined> {
     if (node) return node;
     try {
-      node = await findNode(deps.kube, { hostname: deps.hostName });
+      // By name first (one GET: kubelet names the Node after the host by default), then by label.
+      node = await findNode(deps.kube, { name: deps.hostName.trim().toLowerCase() }).catch((err: unknown) => {
+        if (err instanceof KubeError && err.reason === "not-found") return findNode(deps.kube, { hostname: deps.hostName });
+        throw err;
+      });
     } catch (err) {
       log.info("the Node is not registered yet; reporting waits for it", { hostName: deps.hostName, reason: err instanceof Error ? err.message : String(err) });
       return undefined;

@@ -21,7 +21,7 @@ let agent: AgentNode;
 
 beforeAll(async () => {
   cluster = await startCluster({ controllerManager: false });
-  agent = await startAgentNode(cluster, { prefix: "agent", secretName });
+  agent = await startAgentNode(cluster, { prefix: "agent", secretName, secretRefs: ["missing-secret"] });
 }, 120_000);
 afterAll(async () => {
   await agent?.node.stop();
@@ -65,6 +65,40 @@ describe("the agent follows the OSC Secret", () => {
     // Fixed: applied again.
     await waitApplied(agent, await putOscSecret(cluster, secretName, osc("<h1>v4</h1>\n")));
     expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v4</h1>\n");
+  });
+
+  const bad = (mutate: (o: typeof fixture) => void) => osc("<h1>bad</h1>\n", mutate);
+  test.each([
+    ["invalid YAML", "spec: [unclosed\n", "not valid YAML"],
+    ["wrong types", bad((o) => (o.spec.units = "kubelet.service")), "spec.units"],
+    ["bad base64", bad((o) => (o.spec.files[1].content.inline.data = "!!not base64")), "spec.files[1] (/etc/ticker/message).content.inline.data: not valid base64"],
+    ["a relative path", bad((o) => (o.spec.files[1].path = "etc/ticker/message")), "spec.files[1] (etc/ticker/message): path is not absolute"],
+    ["a .. path", bad((o) => (o.spec.files[1].path = "/etc/../root/.ssh/authorized_keys")), 'path has a "." or ".." segment'],
+    ["duplicate paths", bad((o) => o.spec.files.push(structuredClone(o.spec.files[0]))), "duplicate path, also in spec.files[0]"],
+    ["a unit name with /", bad((o) => (o.spec.units[1].name = "../evil.service")), "unit ../evil.service: name must be a systemd unit name"],
+    ["an unknown encoding", bad((o) => (o.spec.files[1].content.inline.encoding = "gzip")), 'unknown encoding "gzip"'],
+    ["a missing secretRef", bad((o) => o.spec.files.push({ path: "/etc/from-secret", content: { secretRef: { name: "missing-secret", dataKey: "x" } } })), "secret kube-system/missing-secret not found"],
+  ])("bad input (%s): a Warning names the field, the node keeps its last good state", async (_case, text, expected) => {
+    const pids = [await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service")];
+    const page = await agent.node.readFile("/etc/web/index.html");
+    await putOscSecret(cluster, secretName, text);
+    const warning = await waitFor(`an OSCInvalid event containing ${expected}`, async () =>
+      (await nodeEvents(agent)).find((e) => e.reason === "OSCInvalid" && e.message?.includes(expected)),
+    20_000);
+    expect(warning.type).toBe("Warning");
+    expect(await agent.node.readFile("/etc/web/index.html")).toBe(page);
+    expect([await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service")]).toEqual(pids);
+    expect((await agent.node.exec(["test", "-e", "/etc/from-secret"])).code).toBe(1);
+  });
+
+  test("after bad input, going back to the last good OSC clears the condition without touching the node", async () => {
+    const pids = [await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service")];
+    await waitApplied(agent, await putOscSecret(cluster, secretName, osc("<h1>v4</h1>\n")));
+    await waitFor("the condition back to True", async () => {
+      const c = (await readNode(agent)).status?.conditions?.find((x) => x.type === "OperatingSystemConfigApplied");
+      return c?.status === "True";
+    });
+    expect([await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service")]).toEqual(pids);
   });
 
   test("the reconciliation-delay annotation holds an update back for that long", async () => {
