@@ -134,4 +134,32 @@ describe("trellis apply inside a node", () => {
     expect(r.stderr).toContain("spec.files[2] (etc/relative).content.inline.data: not valid base64");
     expect(await node.readFile("/etc/web/index.html")).toBe(before);
   });
+
+  test("the agent's own unit restarts last, after the others were attempted, even when one failed", async () => {
+    const unit = (name: string, service: string) => ({ name, command: "start", content: `[Service]\n${service}\n[Install]\nWantedBy=multi-user.target\n`, filePaths: ["/etc/selftest/conf"] });
+    const osc = (version: number) => ({
+      apiVersion: "extensions.gardener.cloud/v1alpha1",
+      kind: "OperatingSystemConfig",
+      spec: {
+        // Listed first on purpose: order in the OSC must not matter.
+        units: [
+          unit("gardener-node-agent.service", "ExecStart=/bin/sleep infinity"),
+          unit("broken.service", "Type=oneshot\nExecStart=/bin/false"),
+          unit("fine.service", "ExecStart=/bin/sleep infinity"),
+        ],
+        files: [{ path: "/etc/selftest/conf", permissions: 0o644, content: { inline: { encoding: "", data: `v${version}\n` } } }],
+      },
+    });
+    const started = async (u: string) => Number((await node.execOk(["systemctl", "show", "-P", "ExecMainStartTimestampMonotonic", u])).trim());
+    for (const version of [1, 2]) {
+      const r = await apply(osc(version) as unknown as Osc);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain("failed: restart broken.service: ");
+      expect(r.stderr).toContain('RestartUnit broken.service (bus unix:path=/run/dbus/system_bus_socket): job finished with result "failed"');
+      const [self, broken, fine] = [await started("gardener-node-agent.service"), await started("broken.service"), await started("fine.service")];
+      expect(self).toBeGreaterThan(broken);
+      expect(self).toBeGreaterThan(fine);
+      expect(await active("gardener-node-agent.service")).toBe("active");
+    }
+  });
 });
