@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Kube } from "../../src/kube/client.ts";
+import { rejection } from "../harness/exec.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
 import { findNode, patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
@@ -34,14 +35,7 @@ beforeAll(async () => {
 }, 180_000);
 afterAll(() => cluster?.stop(), 30_000);
 
-async function failure(p: Promise<unknown>): Promise<KubeError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  if (!(err instanceof KubeError)) throw new Error(`expected a KubeError, got ${String(err)}`);
-  return err;
-}
+const failure = (p: Promise<unknown>) => rejection(p, KubeError);
 
 describe("findNode", () => {
   test("by name, and by kubelet's hostname label (trimmed, lower-cased)", async () => {

@@ -12,7 +12,7 @@ import { createSerialGate, isSerialRollout, type SerialGate, serialAnnotation } 
 import { watchObjects } from "../../src/kube/watch.ts";
 import { createLogger, type Logger } from "../../src/log.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
-import { waitFor } from "../harness/exec.ts";
+import { rejection, waitFor } from "../harness/exec.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
 
 const namespace = "kube-system";
@@ -63,14 +63,7 @@ async function rawLease(name: string): Promise<{ text: string; lease: { metadata
   return { text, lease: JSON.parse(text) };
 }
 
-async function failure(p: Promise<unknown>): Promise<KubeError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  if (!(err instanceof KubeError)) throw new Error(`expected a KubeError, got ${String(err)}`);
-  return err;
-}
+const failure = (p: Promise<unknown>) => rejection(p, KubeError);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -84,3 +84,13 @@ export function runDir(name: string): string {
   mkdirSync(dir, { recursive: true });
   return dir;
 }
+
+/** The error `p` rejects with, which must be an instance of `type` (the test fails otherwise). */
+export async function rejection<E extends Error>(p: Promise<unknown>, type: new (...args: never[]) => E): Promise<E> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  if (!(err instanceof type)) throw new Error(`expected a ${type.name}, got ${String(err)}`);
+  return err;
+}
