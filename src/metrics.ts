@@ -20,8 +20,8 @@ export interface Registry {
   counter(name: string, help: string): Counter;
   gauge(name: string, help: string): Gauge;
   histogram(name: string, help: string, buckets: number[]): Histogram;
-  /** A gauge read when scraped (e.g. process memory). */
-  collect(name: string, help: string, read: () => number): void;
+  /** Series read when scraped (process memory, a watch's counters); a number is one unlabelled sample. */
+  collect(name: string, help: string, read: () => number | { labels: Labels; value: number }[], type?: "gauge" | "counter"): void;
   render(): string;
 }
 
@@ -74,8 +74,11 @@ export function createRegistry(): Registry {
         },
       };
     },
-    collect(name, help, read) {
-      add(name, help, "gauge", () => [`${name} ${formatValue(read())}`]);
+    collect(name, help, read, type = "gauge") {
+      add(name, help, type, () => {
+        const v = read();
+        return typeof v === "number" ? [`${name} ${formatValue(v)}`] : v.map((s) => `${name}${labelText(s.labels)} ${formatValue(s.value)}`);
+      });
     },
     render() {
       return `${metrics.flatMap((m) => [`# HELP ${m.name} ${m.help}`, `# TYPE ${m.name} ${m.type}`, ...m.render()]).join("\n")}\n`;

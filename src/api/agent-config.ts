@@ -76,6 +76,18 @@ export const NodeAgentConfigurationSchema = v.object({
       v.object({ syncPeriod: syncPeriod("1m"), stuckThreshold: v.optional(duration({ ms: 30_000, text: "30s" }), "5m") }),
       {},
     ),
+    // trellis's own (Gardener never writes it): gardener-node-agent hard-codes these values.
+    healthCheck: v.optional(
+      v.object({
+        syncPeriod: v.optional(duration({ ms: 1000, text: "1s" }), "30s"),
+        kubeletFailureThreshold: v.optional(duration({ ms: 1000, text: "1s" }), "1m"),
+        containerdFailureThreshold: v.optional(duration({ ms: 1000, text: "1s" }), "1m"),
+        /** NotReady → Ready transitions of the Node within readinessFlapWindow that make a Warning event. */
+        readinessFlaps: v.optional(v.pipe(v.number(), v.integer(), v.minValue(2)), 5),
+        readinessFlapWindow: v.optional(duration({ ms: 1000, text: "1s" }), "10m"),
+      }),
+      {},
+    ),
   }),
 });
 

@@ -28,3 +28,11 @@ export function formatDuration(ms: number): string {
   if (ms % 1000 === 0) return `${ms / 1000}s`;
   return `${ms}ms`;
 }
+
+/** How long something has lasted, as Go prints a duration truncated to seconds ("45s", "1m5s", "2h0m3s"); under a second in ms. */
+export function formatElapsed(ms: number): string {
+  if (ms < 1000) return `${Math.max(0, Math.floor(ms))}ms`;
+  const total = Math.floor(ms / 1000);
+  const [h, m, s] = [Math.floor(total / 3600), Math.floor((total % 3600) / 60), total % 60];
+  return h > 0 ? `${h}h${m}m${s}s` : m > 0 ? `${m}m${s}s` : `${s}s`;
+}

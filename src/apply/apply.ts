@@ -82,7 +82,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   if (run.self) {
     // After this the agent is stopped by systemd; everything is recorded already.
     deps.log.info("restarting the agent's own unit last", { unit: deps.selfUnit, reason: run.self.reason });
-    await runStep(run.self, desired, deps).catch((err: unknown) => {
+    await deps.systemd.queueRestart(run.self.unit).catch((err: unknown) => {
       run.failures.push({ step: run.self as Step, error: describe(err) });
     });
   }
@@ -93,7 +93,7 @@ function planFresh(desired: Desired, checksum: string, owned: Owned, deps: Apply
   return planForNode({ desired, checksum, owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
 }
 
-type Run = { state: AgentState; executed: Step[]; failures: StepFailure[]; self?: Step };
+type Run = { state: AgentState; executed: Step[]; failures: StepFailure[]; self?: Extract<Step, { kind: "restart" }> };
 
 async function execute(progress: Progress, start: AgentState, desired: Desired, deps: ApplyDeps): Promise<Run> {
   let state = start;
@@ -107,7 +107,7 @@ async function execute(progress: Progress, start: AgentState, desired: Desired, 
   // A writer killed mid-write leaves its temp file; clear them where this plan writes.
   const dirs = new Set(progress.plan.steps.flatMap((s) => (s.kind === "write" ? [dirname(s.path)] : [])));
   for (const dir of dirs) await deps.files.cleanupTemp(dir);
-  let self: Step | undefined;
+  let self: Extract<Step, { kind: "restart" }> | undefined;
   let unitPhase = false;
   for (const [i, step] of progress.plan.steps.entries()) {
     if (done.has(i)) continue;

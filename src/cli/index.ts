@@ -9,6 +9,7 @@ const commands: Record<string, Command> = {
   run: { summary: "run the node agent (the default when no command is given)", load: () => import("./run.ts") },
   plan: { summary: "show what applying an OSC file would change on this machine, and why", load: () => import("./plan.ts") },
   apply: { summary: "apply an OSC file to this machine without a cluster", load: () => import("./apply.ts") },
+  status: { summary: "how the agent on this node is doing: applied OSC, unfinished apply, controllers, running or not", load: () => import("./status.ts") },
   version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
   whoami: { summary: "connect to the API server and print its version and who trellis is there", load: () => import("./whoami.ts") },
   systemd: { summary: "talk to systemd over D-Bus: daemon-reload, enable, disable, start, restart, stop, status", load: () => import("./systemd.ts") },

@@ -1,17 +1,29 @@
-// `trellis run` (also `trellis` with no command): the agent. Reads the NodeAgentConfiguration,
-// connects, and runs the controllers until SIGTERM/SIGINT.
+// `trellis run` (also `trellis` with flags only, as gardener-node-agent is started): the agent. Reads
+// the NodeAgentConfiguration, connects, and runs the controllers until SIGTERM/SIGINT or until the
+// hostname changes (then it exits so that systemd starts it again under the new name).
 import { existsSync } from "node:fs";
 import { hostname } from "node:os";
 import { parseArgs } from "node:util";
 import { agentUnit } from "../api/paths.ts";
 import { createStateStore } from "../apply/state-store.ts";
+import { startHealthController } from "../controllers/health.ts";
+import { startHostnameCheck } from "../controllers/hostname.ts";
+import { startLeaseController } from "../controllers/lease.ts";
+import { startNodeSource } from "../controllers/node-source.ts";
 import { startOscController } from "../controllers/osc.ts";
+import { startRestartController } from "../controllers/restart.ts";
+import { startTokenController } from "../controllers/token.ts";
+import type { Controller } from "../controllers/types.ts";
+import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger } from "../log.ts";
+import { createRegistry } from "../metrics.ts";
+import { startServers } from "../server.ts";
+import { createStatusBoard, readiness } from "../status.ts";
 import { commit, version } from "../version.ts";
 import { loadAgentConfig } from "./agent-config.ts";
 import { UsageError } from "./errors.ts";
@@ -19,7 +31,9 @@ import { UsageError } from "./errors.ts";
 const help = `usage: trellis run --config-dir DIR [--hostname NAME]
 
 Runs the node agent: watches the OperatingSystemConfig Secret named in the configuration and keeps
-this machine at it. DIR holds the NodeAgentConfiguration (gardener-node-agent's format).`;
+this machine at it, renews the node's lease, checks kubelet, containerd and the configured units,
+syncs tokens, and serves /healthz, /readyz and /metrics on localhost. DIR holds the
+NodeAgentConfiguration (gardener-node-agent's format).`;
 
 export async function run(args: string[]): Promise<number> {
   const { values } = parseArgs({
@@ -37,30 +51,60 @@ export async function run(args: string[]): Promise<number> {
   const kube = kubeFromConnection(connection);
   if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
   const hostName = values.hostname ?? hostname();
-  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: config.controllers.operatingSystemConfig.secretName });
+  const controllers = config.controllers;
+  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
 
   const files = createFiles("/");
   const systemd = createSystemd({ log });
-  const osc = startOscController({
-    kube,
-    files,
-    systemd,
-    store: createStateStore(files),
-    events: createEventRecorder({ kube, log }),
+  const store = createStateStore(files);
+  const events = createEventRecorder({ kube, log });
+  const metrics = createRegistry();
+  const status = createStatusBoard({ files, log });
+  // Bound before any controller starts: a port already taken ends the agent before it touched anything.
+  const servers = await startServers({
+    health: config.server.healthProbes,
+    metrics: config.server.metrics,
+    registry: metrics,
+    ready: () => readiness(status),
     log,
-    secretName: config.controllers.operatingSystemConfig.secretName,
-    kubernetesVersion: config.controllers.operatingSystemConfig.kubernetesVersion,
-    syncPeriodMs: config.controllers.operatingSystemConfig.syncPeriod,
-    hostName,
-    selfUnit: agentUnit,
-    bootstrapTokenInUse: connection.kind === "token-file",
   });
+  const node = startNodeSource({ kube, hostName, log });
+  let stopFor: (reason: string) => void = () => {};
+  const stopRequested = new Promise<string>((resolve) => (stopFor = resolve));
 
-  const signal = await new Promise<string>((resolve) => {
-    for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => resolve(s));
-  });
-  log.info("trellis stopping", { signal });
-  await osc.stop();
+  const running: Controller[] = [
+    node,
+    startOscController({
+      kube,
+      files,
+      systemd,
+      store,
+      events,
+      node,
+      status,
+      metrics,
+      log,
+      secretName: controllers.operatingSystemConfig.secretName,
+      kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
+      syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
+      hostName,
+      selfUnit: agentUnit,
+      bootstrapTokenInUse: connection.kind === "token-file",
+    }),
+    startLeaseController({ kube, node, log, metrics, status }),
+    startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
+    startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
+    startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
+    startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit }),
+    startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
+  ];
+  for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
+  const reason = await stopRequested;
+  log.info("trellis stopping", { reason });
+  // Controllers first (the OSC controller finishes the step it is in), then the servers and the bus.
+  await Promise.all(running.map((c) => c.stop()));
+  await servers.stop();
+  await status.close();
   systemd.close();
   return 0;
 }

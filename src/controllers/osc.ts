@@ -17,12 +17,14 @@ import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import type { Kube } from "../kube/client.ts";
-import { explainKubeError, KubeError } from "../kube/errors.ts";
+import { explainKubeError } from "../kube/errors.ts";
 import type { EventRecorder } from "../kube/events.ts";
-import { findNode, patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
+import { patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
-import { watchObjects, type Watcher } from "../kube/watch.ts";
+import { watchObjects } from "../kube/watch.ts";
+import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
+import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
 
 export const annotations = {
@@ -46,6 +48,9 @@ export type OscControllerDeps = {
   systemd: Systemd;
   store: StateStore;
   events: EventRecorder;
+  node: NodeSource;
+  status: StatusBoard;
+  metrics: Registry;
   log: Logger;
   secretName: string;
   kubernetesVersion: string;
@@ -57,7 +62,7 @@ export type OscControllerDeps = {
   now?: () => number;
 };
 
-export type OscControllerStatus = {
+type OscControllerStatus = {
   synced: boolean;
   lastChecksum?: string;
   lastResult?: "applied" | "failed" | "invalid" | "waiting";
@@ -68,7 +73,6 @@ export type OscControllerStatus = {
 export type OscController = {
   /** Resolves once the Secret's first LIST has been delivered. */
   synced: Promise<void>;
-  status(): OscControllerStatus;
   stop(): Promise<void>;
 };
 
@@ -79,8 +83,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const now = deps.now ?? Date.now;
   const core = deps.kube.config.makeApiClient(CoreV1Api);
   let secret: V1Secret | undefined;
-  let node: V1Node | undefined;
-  let nodeWatch: Watcher | undefined;
   const firstSeen = new Map<string, number>(); // checksum → when this agent first saw it (for the delay)
   const reported = new Set<string>(); // "reason/checksum" of problems already reported as events
   let failures = 0;
@@ -101,14 +103,19 @@ export function startOscController(deps: OscControllerDeps): OscController {
     running = (async () => {
       do {
         pending = false;
+        const started = now();
         const wait = await reconcile(why).catch(async (err: unknown) => {
           const error = err instanceof Error ? describeError(err) : String(err);
           status.lastResult = "failed";
           status.lastError = error;
           log.error("reconcile failed", { error });
-          if (node) await deps.events.record({ node: nodeRef(node), type: "Warning", reason: "OSCReconcileError", message: error });
+          const current = deps.node.current();
+          if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
           return retryWait("reconcile error");
         });
+        duration.observe((now() - started) / 1000);
+        reconciles.inc({ result: status.lastResult ?? "error" });
+        report();
         schedule(wait);
       } while (pending && !stopped);
       running = undefined;
@@ -119,12 +126,30 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (stopped) return;
     timer = setTimeout(() => trigger(wait.why), Math.max(0, wait.atMs - now()));
   };
+  const report = () => {
+    const checksum = status.lastChecksum?.slice(0, 12) ?? "none";
+    const summary =
+      status.lastResult === "applied"
+        ? `OSC ${checksum} applied`
+        : status.lastResult === "waiting"
+          ? `waiting for Secret kube-system/${deps.secretName}`
+          : `OSC ${checksum} ${status.lastResult ?? "not reconciled yet"}: ${status.lastError ?? ""}`;
+    deps.status.set("osc", { ok: status.synced && status.lastResult === "applied", summary, ...status });
+  };
   const periodic = (): Wait => ({ atMs: now() + deps.syncPeriodMs, why: "periodic re-check" });
   const retryWait = (why: string): Wait => {
     failures++;
     const ms = Math.min(1000 * 2 ** Math.min(failures - 1, 8), 5 * 60_000);
     return { atMs: now() + ms, why: `retry after ${why}` };
   };
+
+  const reconciles = deps.metrics.counter("trellis_reconcile_total", "OSC reconciles by result (applied, failed, invalid, waiting, error).");
+  const duration = deps.metrics.histogram("trellis_reconcile_duration_seconds", "Time of one OSC reconcile.", [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]);
+  const restarts = deps.metrics.counter("trellis_unit_restarts_total", "Units restarted by OSC applies, by unit.");
+  let appliedChecksum: string | undefined;
+  deps.metrics.collect("trellis_applied_osc_info", "1, labelled with the checksum of the OSC last applied completely.", () =>
+    appliedChecksum ? [{ labels: { checksum: appliedChecksum }, value: 1 }] : [],
+  );
 
   const secretWatch = watchObjects<V1Secret>({
     kube: deps.kube,
@@ -136,38 +161,24 @@ export function startOscController(deps: OscControllerDeps): OscController {
       trigger(`secret ${e.type.toLowerCase()}`);
     },
   });
+  deps.metrics.collect("trellis_watch_restarts_total", "Watches of the OSC Secret resumed or restarted (reconnects and relists).", () => {
+    const st = secretWatch.stats();
+    return [{ labels: { watch: "osc-secret" }, value: st.restarts + st.gone + st.errors }];
+  }, "counter");
   const synced = secretWatch.synced.then(() => {
     status.synced = true;
   });
 
-  async function ensureNode(): Promise<V1Node | undefined> {
-    if (node) return node;
-    try {
-      // By name first (one GET: kubelet names the Node after the host by default), then by label.
-      node = await findNode(deps.kube, { name: deps.hostName.trim().toLowerCase() }).catch((err: unknown) => {
-        if (err instanceof KubeError && err.reason === "not-found") return findNode(deps.kube, { hostname: deps.hostName });
-        throw err;
-      });
-    } catch (err) {
-      log.info("the Node is not registered yet; reporting waits for it", { hostName: deps.hostName, reason: err instanceof Error ? err.message : String(err) });
-      return undefined;
-    }
-    const name = node.metadata?.name as string;
-    nodeWatch = watchObjects<V1Node>({
-      kube: deps.kube,
-      path: "/api/v1/nodes",
-      fieldSelector: `metadata.name=${name}`,
-      log,
-      onEvent: (e) => {
-        if (e.type === "DELETED") return void (node = undefined);
-        // Kubelet updates the Node all the time: only the rollout annotation concerns this controller.
-        const before = node?.metadata?.annotations?.[annotations.reconciliationDelay];
-        node = e.object;
-        if (node.metadata?.annotations?.[annotations.reconciliationDelay] !== before) trigger("reconciliation delay changed");
-      },
-    });
-    return node;
-  }
+  // Kubelet updates the Node all the time: only the rollout annotation concerns this controller.
+  let delayAnnotation = deps.node.current()?.metadata?.annotations?.[annotations.reconciliationDelay];
+  const unsubscribe = deps.node.subscribe((n) => {
+    const value = n.metadata?.annotations?.[annotations.reconciliationDelay];
+    if (value === delayAnnotation) return;
+    delayAnnotation = value;
+    trigger("reconciliation delay changed");
+  });
+  // A node that applied before kubelet registered it reports once the Node exists.
+  void deps.node.found.then(() => trigger("node found"));
 
   async function reconcile(why: string): Promise<Wait> {
     status.reconciles++;
@@ -190,7 +201,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const desired = resolved.value;
 
     const state = await deps.store.read();
-    const current = await ensureNode();
+    const current = deps.node.current();
     const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
     if (!firstSeen.has(checksum)) firstSeen.set(checksum, now());
     if (isUpdate) {
@@ -246,6 +257,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     failures = 0;
     status.lastResult = "applied";
     status.lastError = undefined;
+    for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
+    appliedChecksum = checksum;
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
     await reportSuccess(current, checksum, desired, outcome).finally(() => gate?.release());
     return periodic();
@@ -294,7 +307,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.lastError = errors.join("; ");
     // The node keeps its last good state; the Secret's next change wakes the controller again.
     log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
-    const current = await ensureNode();
+    const current = deps.node.current();
     if (current && !reported.has(`invalid/${checksum}`)) {
       reported.add(`invalid/${checksum}`);
       await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
@@ -325,7 +338,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
     // A no-op re-check costs no API request.
     if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => have[k] !== v)) {
-      node = await patchNodeMetadata(deps.kube, name, wanted);
+      await patchNodeMetadata(deps.kube, name, wanted);
     }
     if (outcome.executed.length > 0 || outcome.resumed) {
       const restarted = outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : []));
@@ -357,7 +370,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const existing = current.status?.conditions?.find((c) => c.type === conditionType);
     if (existing?.status === value && existing.reason === reason && existing.message === message) return;
     try {
-      node = await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
+      await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
     } catch (err) {
       log.warn("could not set the Node condition", { condition: conditionType, error: err instanceof Error ? describeError(err) : String(err) });
     }
@@ -375,11 +388,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   return {
     synced,
-    status: () => ({ ...status }),
     stop: async () => {
       stopped = true;
       if (timer) clearTimeout(timer);
-      await Promise.all([secretWatch.stop(), nodeWatch?.stop()]);
+      unsubscribe();
+      await secretWatch.stop();
       await running;
     },
   };

@@ -18,6 +18,11 @@ export type UnitStatus = {
   mainPID: number; // 0 when not running or not a service
   unitFileState: string; // enabled, disabled, static, "" for transient units, ...
   activeEnterTimestamp?: Date; // absent if the unit never became active
+  stateChangeTimestamp?: Date; // when activeState last changed; absent if it never did
+  triggeredBy: string[]; // timers, paths and sockets that start this unit
+  serviceType?: string; // services only: simple, exec, forking, oneshot, notify, dbus, idle
+  remainAfterExit?: boolean; // services only: active (exited) after the main process ended
+  result?: string; // services only: success, exit-code, signal, timeout, start-limit-hit, ...
 };
 
 export type ListedUnit = { name: string; description: string; loadState: string; activeState: string; subState: string };
@@ -35,6 +40,11 @@ export interface Systemd {
   /** These queue a job (mode "replace") and resolve when it finished with result "done". */
   start(unit: string): Promise<void>;
   restart(unit: string): Promise<void>;
+  /**
+   * Queues a restart and resolves once systemd accepted the job, without waiting for it to finish:
+   * for the agent's own unit, whose restart job only completes after this process has exited.
+   */
+  queueRestart(unit: string): Promise<void>;
   stop(unit: string): Promise<void>;
   /** Loads the unit if needed: a unit without a unit file reports loadState "not-found". */
   unitStatus(unit: string): Promise<UnitStatus>;
@@ -234,7 +244,13 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       unit.endsWith(".service") ? get("org.freedesktop.systemd1.Service") : undefined,
     ]);
     const str = (key: string) => String(u[key]?.value ?? "");
-    const enteredUs = BigInt((u.ActiveEnterTimestamp?.value as bigint | undefined) ?? 0n);
+    // Realtime timestamps in µs since the epoch; 0 means "never".
+    const time = (key: string) => {
+      const us = BigInt((u[key]?.value as bigint | undefined) ?? 0n);
+      return us > 0n ? new Date(Number(us / 1000n)) : undefined;
+    };
+    const entered = time("ActiveEnterTimestamp");
+    const changed = time("StateChangeTimestamp");
     return {
       name: str("Id"),
       loadState: str("LoadState"),
@@ -242,7 +258,12 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       subState: str("SubState"),
       mainPID: Number(service?.MainPID?.value ?? 0),
       unitFileState: str("UnitFileState"),
-      ...(enteredUs > 0n ? { activeEnterTimestamp: new Date(Number(enteredUs / 1000n)) } : {}),
+      ...(entered ? { activeEnterTimestamp: entered } : {}),
+      ...(changed ? { stateChangeTimestamp: changed } : {}),
+      triggeredBy: (u.TriggeredBy?.value as string[] | undefined) ?? [],
+      ...(service
+        ? { serviceType: String(service.Type?.value ?? ""), remainAfterExit: service.RemainAfterExit?.value === true, result: String(service.Result?.value ?? "") }
+        : {}),
     };
   }
 
@@ -264,6 +285,9 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
     },
     start: (unit) => job("StartUnit", unit),
     restart: (unit) => job("RestartUnit", unit),
+    queueRestart: async (unit) => {
+      await call({ member: "RestartUnit", unit, signature: "ss", body: [unit, "replace"] });
+    },
     stop: (unit) => job("StopUnit", unit),
     unitStatus,
     listUnits: async () => {

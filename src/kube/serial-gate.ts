@@ -224,7 +224,7 @@ function timeOf(t: Date | string | undefined): number | undefined {
 }
 
 /** MicroTime's wire form, RFC 3339 with 6 fractional digits (JavaScript's clock has milliseconds: the last 3 are 0). */
-function microTime(d: Date): V1MicroTime {
+export function microTime(d: Date): V1MicroTime {
   return new V1MicroTime(d.getTime());
 }
 

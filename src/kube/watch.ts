@@ -322,7 +322,8 @@ function keyOf(o: KubeObject): string {
   return `${o.metadata?.namespace ?? ""}/${o.metadata?.name ?? ""}`;
 }
 
-function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+/** setTimeout as a promise that resolves early when `signal` aborts. */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     const done = () => {
       clearTimeout(timer);

@@ -8,7 +8,7 @@ import { CoreV1Api, type CoreV1Event, type V1Node } from "@kubernetes/client-nod
 import { sha256Hex } from "../../src/api/desired.ts";
 import { trellisBinary } from "./binary.ts";
 import type { Cluster } from "./cluster.ts";
-import { waitFor } from "./exec.ts";
+import { freePort, waitFor } from "./exec.ts";
 import { bootNode, type Node } from "./node.ts";
 import { userWithRules } from "./rbac.ts";
 
@@ -23,7 +23,7 @@ RestartSec=1
 WantedBy=multi-user.target
 `;
 
-export type AgentNode = { node: Node; name: string; core: CoreV1Api };
+export type AgentNode = { node: Node; name: string; core: CoreV1Api; healthPort: number; metricsPort: number };
 
 /** Rules of docs/rbac.md for an agent reading `secrets` (the OSC secret and its secretRefs). */
 function agentRules(secrets: string[]) {
@@ -50,10 +50,15 @@ export async function startAgentNode(
   await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
   const { kubeconfig } = await userWithRules(cluster, `gardener.cloud:node-agent:machine:${node.name}`, agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
   await node.writeFile("/var/lib/gardener-node-agent/credentials/kubeconfig", readFileSync(kubeconfig, "utf8"), 0o600);
+  // The test nodes share the host's network: each agent gets ports of its own.
+  const [healthPort, metricsPort] = [await freePort(), await freePort()];
   await node.writeFile(
     "/var/lib/gardener-node-agent/config.yaml",
     `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
 kind: NodeAgentConfiguration
+server:
+  healthProbes: {port: ${healthPort}}
+  metrics: {port: ${metricsPort}}
 controllers:
   operatingSystemConfig:
     secretName: ${opts.secretName}
@@ -66,7 +71,7 @@ controllers:
   await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
   await node.execOk(["systemctl", "daemon-reload"]);
   if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
-  return { node, name: node.name, core };
+  return { node, name: node.name, core, healthPort, metricsPort };
 }
 
 /** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */

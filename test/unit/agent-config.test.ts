@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { parseAgentConfig } from "../../src/api/agent-config.ts";
-import { formatDuration, parseGoDuration } from "../../src/api/duration.ts";
+import { formatDuration, formatElapsed, parseGoDuration } from "../../src/api/duration.ts";
 
 const minimal = `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
 kind: NodeAgentConfiguration
@@ -22,6 +22,9 @@ describe("Go durations", () => {
   ])("%s = %d ms", (text, ms) => expect(parseGoDuration(text)).toBe(ms));
   test.each(["", "10", "5 minutes", "1d", "m", "1h-5m"])("%p is not a duration", (text) => expect(parseGoDuration(text)).toBeUndefined());
   test.each([[3_600_000, "1h"], [90_000, "90s"], [600_000, "10m"], [250, "250ms"]])("%d ms prints as %s", (ms, text) => expect(formatDuration(ms)).toBe(text));
+  test.each([[0, "0ms"], [350, "350ms"], [1999, "1s"], [65_400, "1m5s"], [60_000, "1m0s"], [7_203_000, "2h0m3s"]])("%d ms elapsed prints as %s", (ms, text) =>
+    expect(formatElapsed(ms)).toBe(text),
+  );
 });
 
 describe("NodeAgentConfiguration", () => {
@@ -36,6 +39,26 @@ describe("NodeAgentConfiguration", () => {
     expect(r.config.controllers.token.syncPeriod).toBe(3_600_000);
     expect(r.config.controllers.systemdUnitCheck).toEqual({ syncPeriod: 60_000, stuckThreshold: 300_000 });
     expect(r.config.clientConnection).toMatchObject({ kubeconfig: "", qps: 50, burst: 100 });
+    // trellis's own block, which Gardener never writes: gardener-node-agent's hard-coded values.
+    expect(r.config.controllers.healthCheck).toEqual({
+      syncPeriod: 30_000,
+      kubeletFailureThreshold: 60_000,
+      containerdFailureThreshold: 60_000,
+      readinessFlaps: 5,
+      readinessFlapWindow: 600_000,
+    });
+  });
+
+  test("trellis's healthCheck block can be set", () => {
+    const r = parseAgentConfig(minimal + "  healthCheck: {syncPeriod: 10s, kubeletFailureThreshold: 2m, readinessFlaps: 3, readinessFlapWindow: 5m}\n", "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.controllers.healthCheck).toEqual({
+      syncPeriod: 10_000,
+      kubeletFailureThreshold: 120_000,
+      containerdFailureThreshold: 60_000,
+      readinessFlaps: 3,
+      readinessFlapWindow: 300_000,
+    });
   });
 
   test("a full Gardener-written config is read", () => {
@@ -74,6 +97,8 @@ controllers:
     ["syncPeriod below 15s", minimal + "    syncPeriod: 5s\n", "controllers.operatingSystemConfig.syncPeriod: must be at least 15s"],
     ["syncPeriod not a duration", minimal + "    syncPeriod: soon\n", 'controllers.operatingSystemConfig.syncPeriod: not a duration like "10m" or "1h30m": "soon"'],
     ["stuckThreshold below 30s", minimal + "  systemdUnitCheck: {stuckThreshold: 10s}\n", "controllers.systemdUnitCheck.stuckThreshold: must be at least 30s"],
+    ["healthCheck syncPeriod below 1s", minimal + "  healthCheck: {syncPeriod: 100ms}\n", "controllers.healthCheck.syncPeriod: must be at least 1s"],
+    ["readinessFlaps below 2", minimal + "  healthCheck: {readinessFlaps: 1}\n", "controllers.healthCheck.readinessFlaps:"],
     ["duplicate token paths", minimal + "  token:\n    syncConfigs: [{secretName: a, path: /t}, {secretName: b, path: /t}]\n", "controllers.token.syncConfigs: paths must be unique"],
     ["unknown logLevel", minimal + "logLevel: verbose\n", "logLevel:"],
     ["wrong kind", minimal.replace("kind: NodeAgentConfiguration", "kind: Pod"), "kind:"],

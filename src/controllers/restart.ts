@@ -1,0 +1,168 @@
+// Restarts on request: the Node annotation worker.gardener.cloud/restart-systemd-services: "a,b.service"
+// (set by the control plane, e.g. after rotating a credential kubelet reads) restarts those units, one
+// after the other, and is then removed. Gardener's semantics: ".service" is appended to a name without
+// one; a failed restart is reported (event, log) and not retried, the others still restart; the
+// agent's own unit restarts last, after the annotation is gone — else the new agent would find it
+// again and restart itself forever.
+//
+// Each value is handled once: Node updates that still show it (kubelet's, or ours racing the watch)
+// are ignored until the annotation disappears or changes.
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import type { Systemd } from "../host/systemd.ts";
+import type { Kube } from "../kube/client.ts";
+import { rethrow } from "../kube/errors.ts";
+import type { EventRecorder } from "../kube/events.ts";
+import { describeError, type Logger } from "../log.ts";
+import type { Controller, NodeSource } from "./types.ts";
+
+export const restartAnnotation = "worker.gardener.cloud/restart-systemd-services";
+/** Gardener's event reason for a unit restart, so existing tooling finds these events too. */
+export const restartEventReason = "SystemDUnitRestart";
+
+export type RestartControllerDeps = {
+  kube: Kube;
+  systemd: Systemd;
+  events: EventRecorder;
+  nodes: NodeSource;
+  log: Logger;
+  /** The agent's own unit (gardener-node-agent.service). */
+  selfUnit: string;
+  /** Wait before trying again to remove the annotation after that failed (5 s). */
+  retryMs?: number;
+};
+
+const unitSuffixes = [".service", ".socket", ".target", ".timer", ".path", ".mount", ".automount", ".swap", ".slice", ".scope", ".device"];
+
+/** The units an annotation value asks for, in its order, each once; a name without a unit suffix is a service. */
+export function requestedUnits(value: string): string[] {
+  const names = value
+    .split(",")
+    .map((n) => n.trim())
+    .filter((n) => n !== "")
+    .map((n) => (unitSuffixes.some((s) => n.endsWith(s)) ? n : `${n}.service`));
+  return [...new Set(names)];
+}
+
+type Request = {
+  value: string;
+  node: { name: string; uid: string };
+  restartSelf: boolean;
+  removed: boolean;
+  /** Failed attempts to remove the annotation, for the backoff. */
+  failures: number;
+};
+
+export function startRestartController(deps: RestartControllerDeps): Controller {
+  const log = deps.log.with({ controller: "restart" });
+  const core = deps.kube.config.makeApiClient(CoreV1Api);
+  const retryMs = deps.retryMs ?? 5_000;
+  let handled: Request | undefined; // the value whose restarts ran, until the annotation disappears
+  let latest: V1Node | undefined;
+  let retry: ReturnType<typeof setTimeout> | undefined;
+  let stopped = false;
+
+  // Single flight: `pending` asks for one more pass after the current one, on the latest Node.
+  let running: Promise<void> | undefined;
+  let pending = false;
+  const trigger = () => {
+    if (stopped) return;
+    if (running) return void (pending = true);
+    running = (async () => {
+      do {
+        pending = false;
+        if (latest) await reconcile(latest);
+      } while (pending && !stopped);
+    })().finally(() => (running = undefined));
+  };
+
+  async function reconcile(node: V1Node): Promise<void> {
+    const value = node.metadata?.annotations?.[restartAnnotation];
+    if (value === undefined) {
+      handled = undefined;
+      return;
+    }
+    if (value !== handled?.value) {
+      handled = { value, node: { name: node.metadata?.name ?? "", uid: node.metadata?.uid ?? "" }, restartSelf: false, removed: false, failures: 0 };
+      const units = requestedUnits(value);
+      log.info("restarting units on request", { annotation: restartAnnotation, units });
+      for (const unit of units) {
+        if (unit === deps.selfUnit) handled.restartSelf = true;
+        else await restart(handled, unit);
+      }
+    } else if (handled.removed || retry) {
+      return; // done, or the removal is waiting for its retry
+    }
+    await removeAnnotation(handled);
+  }
+
+  async function restart(request: Request, unit: string): Promise<void> {
+    try {
+      await deps.systemd.restart(unit);
+      log.info("restarted unit on request", { unit });
+      await deps.events.record({ node: request.node, type: "Normal", reason: restartEventReason, message: `Restarted ${unit} as requested by the annotation ${restartAnnotation}` });
+    } catch (err) {
+      const error = err instanceof Error ? describeError(err) : String(err);
+      log.error("could not restart unit on request", { unit, error });
+      await deps.events.record({ node: request.node, type: "Warning", reason: restartEventReason, message: `Restarting ${unit} as requested by the annotation ${restartAnnotation} failed: ${error}` });
+    }
+  }
+
+  // A JSON patch that removes the annotation only while it still holds this request's value: a merge
+  // patch would also delete a new request the control plane set while the units were restarting.
+  // When the value changed the patch fails, and the Node update with the new value is the next request.
+  async function removeAnnotation(request: Request): Promise<void> {
+    const path = `/metadata/annotations/${restartAnnotation.replaceAll("~", "~0").replaceAll("/", "~1")}`;
+    try {
+      await core
+        .patchNode(
+          { name: request.node.name, body: [{ op: "test", path, value: request.value }, { op: "remove", path }] },
+          setHeaderOptions("Content-Type", PatchStrategy.JsonPatch),
+        )
+        .catch(rethrow(deps.kube, `removing the annotation ${restartAnnotation} from Node ${request.node.name}`));
+    } catch (err) {
+      // Removed, replaced, or the Node deleted meanwhile: nothing is left to remove for this request.
+      if (deps.nodes.current()?.metadata?.annotations?.[restartAnnotation] !== request.value) return;
+      const delayMs = Math.min(retryMs * 2 ** request.failures++, 5 * 60_000);
+      log.warn("could not remove the restart annotation; trying again", { error: err instanceof Error ? describeError(err) : String(err), delayMs });
+      retry = setTimeout(() => {
+        retry = undefined;
+        trigger();
+      }, delayMs);
+      return;
+    }
+    request.removed = true;
+    log.info("removed the restart annotation", { annotation: restartAnnotation, value: request.value });
+    // A stopping agent goes away anyway, and an operator's `systemctl stop` is not undone.
+    if (request.restartSelf && !stopped) await restartSelf(request);
+  }
+
+  // Not awaited by stop(): systemd stops this very process to restart it, so the job finishes only
+  // after the process has exited. The event is recorded first, while there is still time.
+  async function restartSelf(request: Request): Promise<void> {
+    log.info("restarting the agent's own unit last, on request", { unit: deps.selfUnit });
+    await deps.events.record({ node: request.node, type: "Normal", reason: restartEventReason, message: `Restarting ${deps.selfUnit} (the agent itself) as requested by the annotation ${restartAnnotation}` });
+    void deps.systemd.queueRestart(deps.selfUnit).catch(async (err: unknown) => {
+      if (stopped) return; // the restart is under way, and it stopped us: its connection closed
+      const error = err instanceof Error ? describeError(err) : String(err);
+      log.error("could not restart the agent's own unit", { unit: deps.selfUnit, error });
+      await deps.events.record({ node: request.node, type: "Warning", reason: restartEventReason, message: `Restarting ${deps.selfUnit} (the agent itself) failed: ${error}` });
+    });
+  }
+
+  const onNode = (node: V1Node) => {
+    latest = node;
+    trigger();
+  };
+  const unsubscribe = deps.nodes.subscribe(onNode);
+  const first = deps.nodes.current();
+  if (first) onNode(first);
+
+  return {
+    stop: async () => {
+      stopped = true;
+      unsubscribe();
+      if (retry) clearTimeout(retry);
+      await running;
+    },
+  };
+}

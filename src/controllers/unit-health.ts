@@ -1,0 +1,160 @@
+// The Node condition SystemdUnitsReady, as gardener-node-agent's systemd unit check reports it:
+// every systemdUnitCheck.syncPeriod, each unit trellis manages is asked how it is, and the condition
+// says False/UnhealthyUnits naming every unhealthy unit and why, True/ProgressingUnits while some are
+// still (de)activating within stuckThreshold, True/AllUnitsHealthy otherwise.
+//
+// The units are those of the state file's inventory: after a complete apply, every unit of the
+// applied OSC (host units it only configures included); after a failed one, also those it wrote
+// (gardener#10972). The condition is patched only when status, reason or message change, and the
+// messages carry timestamps rather than running durations, so a steady node costs no API request.
+import type { NodeAgentConfiguration } from "../api/agent-config.ts";
+import { formatDuration } from "../api/duration.ts";
+import type { OwnedUnit } from "../api/state.ts";
+import type { StateStore } from "../apply/state-store.ts";
+import type { Systemd, UnitStatus } from "../host/systemd.ts";
+import type { Kube } from "../kube/client.ts";
+import { metaTime, type NodeCondition, patchNodeCondition } from "../kube/node.ts";
+import { describeError, type Logger } from "../log.ts";
+import type { Controller, NodeSource, StatusBoard } from "./types.ts";
+
+export const unitsConditionType = "SystemdUnitsReady";
+const allHealthyMessage = "All systemd units from the operating system config are running as expected.";
+
+export type UnitHealthControllerDeps = {
+  systemd: Systemd;
+  kube: Kube;
+  nodes: NodeSource;
+  store: StateStore;
+  status: StatusBoard;
+  log: Logger;
+  config: NodeAgentConfiguration["controllers"]["systemdUnitCheck"];
+  now?: () => number;
+};
+
+export type UnitVerdict = { unit: string; health: "healthy" | "progressing" | "unhealthy"; why?: string };
+
+export function startUnitHealthController(deps: UnitHealthControllerDeps): Controller {
+  const log = deps.log.with({ controller: "units" });
+  const now = deps.now ?? Date.now;
+  let lastLogged: string | undefined;
+
+  async function check(): Promise<void> {
+    const state = await deps.store.read();
+    const units = Object.entries(state.owned.units).sort(([a], [b]) => a.localeCompare(b));
+    if (units.length === 0 && !state.lastApplied) {
+      deps.status.set("units", { ok: true, summary: "no OSC applied yet: no units to check" });
+      return;
+    }
+    const verdicts: UnitVerdict[] = [];
+    for (const [name, want] of units) {
+      verdicts.push(assessUnit(name, want, await deps.systemd.unitStatus(name), deps.config.stuckThreshold, now()));
+    }
+    const condition = conditionOf(verdicts);
+    const text = `${condition.status}/${condition.reason}: ${condition.message}`;
+    if (text !== lastLogged) log[condition.status === "True" ? "info" : "warn"]("systemd units", { condition: text });
+    lastLogged = text;
+
+    const node = deps.nodes.current();
+    const board = {
+      units: verdicts.filter((v) => v.health !== "healthy"),
+      checked: verdicts.length,
+      condition: { status: condition.status, reason: condition.reason },
+    };
+    const summary = `${verdicts.length} unit(s): ${condition.reason === "AllUnitsHealthy" ? "all healthy" : condition.message}`;
+    if (!node) {
+      deps.status.set("units", { ok: true, summary: `${summary} (the Node is not registered yet: no condition)`, ...board });
+      return;
+    }
+    const existing = node.status?.conditions?.find((c) => c.type === unitsConditionType);
+    if (existing?.status !== condition.status || existing.reason !== condition.reason || existing.message !== condition.message) {
+      await patchNodeCondition(deps.kube, node.metadata?.name as string, condition);
+    }
+    deps.status.set("units", { ok: true, summary, ...board });
+  }
+
+  let stopped = false;
+  let wake: (() => void) | undefined;
+  const pause = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  // The condition goes up as soon as the Node is there, not a syncPeriod later.
+  void deps.nodes.found.then(() => wake?.());
+  const loop = (async () => {
+    while (!stopped) {
+      await check().catch((err: unknown) => {
+        const error = err instanceof Error ? describeError(err) : String(err);
+        log.error("could not check the systemd units", { error });
+        deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
+      });
+      if (!stopped) await pause(deps.config.syncPeriod);
+    }
+  })();
+
+  return {
+    stop: async () => {
+      stopped = true;
+      wake?.();
+      await loop;
+    },
+  };
+}
+
+/** How one managed unit is doing, from what the OSC wants of it and what systemd says. Pure. */
+export function assessUnit(unit: string, want: OwnedUnit, s: UnitStatus, stuckThresholdMs: number, nowMs: number): UnitVerdict {
+  const healthy: UnitVerdict = { unit, health: "healthy" };
+  const unhealthy = (why: string): UnitVerdict => ({ unit, health: "unhealthy", why });
+  const shouldRun = want.enable !== false && want.command !== "stop";
+  const stoppedBy = want.enable === false ? "enable: false" : "command: stop";
+
+  if (s.loadState !== "loaded") {
+    // A unit the OSC keeps off may as well be absent; a unit file systemd rejected is always a problem.
+    if (!shouldRun && (s.loadState === "not-found" || s.loadState === "masked")) return healthy;
+    return unhealthy(`not loaded (${s.loadState})`);
+  }
+  switch (s.activeState) {
+    case "failed":
+      return unhealthy(s.result && s.result !== "success" ? `failed (${s.result})` : "failed");
+    case "activating":
+    case "deactivating":
+    case "reloading": {
+      // Restart= cycles a service through "activating (auto-restart)" between runs: systemd is on it.
+      if (s.subState === "auto-restart") return healthy;
+      const since = s.stateChangeTimestamp;
+      const state = `${s.activeState} (${s.subState})${since ? ` since ${metaTime(since)}` : ""}`;
+      if (since && nowMs - since.getTime() >= stuckThresholdMs) return unhealthy(`stuck ${state}, longer than ${formatDuration(stuckThresholdMs)}`);
+      return { unit, health: "progressing", why: state };
+    }
+    case "active":
+      return shouldRun ? healthy : unhealthy(`active but the OSC says ${stoppedBy}`);
+    case "inactive":
+      if (!shouldRun) return healthy;
+      // Enabled units that rightly sit inactive: a oneshot without RemainAfterExit once it has run,
+      // and a unit a timer, path or socket starts, between activations.
+      if (s.serviceType === "oneshot" && !s.remainAfterExit) return healthy;
+      if (s.triggeredBy.length > 0) return healthy;
+      return unhealthy("inactive but enabled");
+    default:
+      return healthy;
+  }
+}
+
+/** gardener-node-agent's condition: unhealthy beats progressing beats healthy; messages joined with "; ". */
+export function conditionOf(verdicts: UnitVerdict[]): NodeCondition {
+  const messages = (health: UnitVerdict["health"]) =>
+    verdicts
+      .filter((v) => v.health === health)
+      .map((v) => `${v.unit}: ${v.why}`)
+      .join("; ");
+  if (verdicts.some((v) => v.health === "unhealthy")) {
+    return { type: unitsConditionType, status: "False", reason: "UnhealthyUnits", message: messages("unhealthy") };
+  }
+  if (verdicts.some((v) => v.health === "progressing")) {
+    return { type: unitsConditionType, status: "True", reason: "ProgressingUnits", message: messages("progressing") };
+  }
+  return { type: unitsConditionType, status: "True", reason: "AllUnitsHealthy", message: allHealthyMessage };
+}

@@ -1,0 +1,79 @@
+// The rules of the SystemdUnitsReady condition (src/controllers/unit-health.ts), one row per case.
+import { describe, expect, test } from "bun:test";
+import type { OwnedUnit } from "../../src/api/state.ts";
+import { assessUnit, conditionOf, type UnitVerdict } from "../../src/controllers/unit-health.ts";
+import type { UnitStatus } from "../../src/host/systemd.ts";
+
+const nowMs = Date.parse("2026-08-01T12:00:00Z");
+const stuckMs = 5 * 60_000;
+const ago = (ms: number) => new Date(nowMs - ms);
+const running: UnitStatus = {
+  name: "x.service",
+  loadState: "loaded",
+  activeState: "active",
+  subState: "running",
+  mainPID: 42,
+  unitFileState: "enabled",
+  triggeredBy: [],
+  serviceType: "simple",
+  remainAfterExit: false,
+  result: "success",
+  stateChangeTimestamp: ago(3_600_000),
+};
+const enabled: OwnedUnit = { enable: true, command: "start", dropIns: {} };
+const dead: Partial<UnitStatus> = { activeState: "inactive", subState: "dead", mainPID: 0 };
+
+const cases: [string, OwnedUnit, Partial<UnitStatus>, Omit<UnitVerdict, "unit">][] = [
+  ["running and enabled", enabled, {}, { health: "healthy" }],
+  ["failed, with the service's result", enabled, { activeState: "failed", subState: "failed", result: "exit-code" }, { health: "unhealthy", why: "failed (exit-code)" }],
+  ["failed, even when the OSC stops it", { ...enabled, enable: false }, { activeState: "failed", subState: "failed", result: "signal" }, { health: "unhealthy", why: "failed (signal)" }],
+  ["no unit file", enabled, { loadState: "not-found", ...dead }, { health: "unhealthy", why: "not loaded (not-found)" }],
+  ["a unit file systemd rejected", enabled, { loadState: "bad-setting", ...dead }, { health: "unhealthy", why: "not loaded (bad-setting)" }],
+  ["masked", enabled, { loadState: "masked", ...dead }, { health: "unhealthy", why: "not loaded (masked)" }],
+  ["masked, and the OSC keeps it off", { ...enabled, enable: false }, { loadState: "masked", ...dead }, { health: "healthy" }],
+  ["bad setting, and the OSC keeps it off", { ...enabled, enable: false }, { loadState: "bad-setting", ...dead }, { health: "unhealthy", why: "not loaded (bad-setting)" }],
+  ["activating within the threshold", enabled, { activeState: "activating", subState: "start", stateChangeTimestamp: ago(stuckMs - 1000) }, { health: "progressing", why: "activating (start) since 2026-08-01T11:55:01Z" }],
+  ["activating for the threshold", enabled, { activeState: "activating", subState: "start-pre", stateChangeTimestamp: ago(stuckMs) }, { health: "unhealthy", why: "stuck activating (start-pre) since 2026-08-01T11:55:00Z, longer than 5m" }],
+  ["deactivating too long", enabled, { activeState: "deactivating", subState: "stop-sigterm", stateChangeTimestamp: ago(stuckMs + 60_000) }, { health: "unhealthy", why: "stuck deactivating (stop-sigterm) since 2026-08-01T11:54:00Z, longer than 5m" }],
+  ["waiting to be restarted by Restart=", enabled, { activeState: "activating", subState: "auto-restart", stateChangeTimestamp: ago(stuckMs * 2) }, { health: "healthy" }],
+  ["enabled but inactive", enabled, dead, { health: "unhealthy", why: "inactive but enabled" }],
+  ["a oneshot that has run", enabled, { ...dead, serviceType: "oneshot" }, { health: "healthy" }],
+  ["a oneshot with RemainAfterExit that is inactive", enabled, { ...dead, serviceType: "oneshot", remainAfterExit: true }, { health: "unhealthy", why: "inactive but enabled" }],
+  ["a unit a timer starts, between runs", enabled, { ...dead, triggeredBy: ["x.timer"] }, { health: "healthy" }],
+  ["a timer waiting", enabled, { activeState: "active", subState: "waiting", serviceType: undefined, remainAfterExit: undefined, result: undefined }, { health: "healthy" }],
+  ["enable: false but active", { ...enabled, enable: false }, {}, { health: "unhealthy", why: "active but the OSC says enable: false" }],
+  ["command: stop but active", { ...enabled, command: "stop" }, {}, { health: "unhealthy", why: "active but the OSC says command: stop" }],
+  ["enable: false and inactive", { ...enabled, enable: false }, dead, { health: "healthy" }],
+  ["enablement not recorded yet (a failed apply wrote it): expected to run", { dropIns: {} }, dead, { health: "unhealthy", why: "inactive but enabled" }],
+];
+
+describe("assessUnit", () => {
+  test.each(cases)("%s", (_, want, status, verdict) => {
+    expect(assessUnit("x.service", want, { ...running, ...status }, stuckMs, nowMs)).toEqual({ unit: "x.service", ...verdict });
+  });
+});
+
+describe("conditionOf (gardener-node-agent's reasons)", () => {
+  const v = (unit: string, health: UnitVerdict["health"], why?: string): UnitVerdict => ({ unit, health, ...(why ? { why } : {}) });
+  test("unhealthy units win and are all named", () => {
+    expect(conditionOf([v("a.service", "unhealthy", "failed"), v("b.service", "progressing", "activating (start)"), v("c.service", "unhealthy", "inactive but enabled")])).toEqual({
+      type: "SystemdUnitsReady",
+      status: "False",
+      reason: "UnhealthyUnits",
+      message: "a.service: failed; c.service: inactive but enabled",
+    });
+  });
+  test("progressing units keep the condition True", () => {
+    expect(conditionOf([v("a.service", "healthy"), v("b.service", "progressing", "activating (start)")])).toEqual({
+      type: "SystemdUnitsReady",
+      status: "True",
+      reason: "ProgressingUnits",
+      message: "b.service: activating (start)",
+    });
+  });
+  test("all healthy, or nothing to check", () => {
+    const healthy = { type: "SystemdUnitsReady", status: "True", reason: "AllUnitsHealthy", message: "All systemd units from the operating system config are running as expected." } as const;
+    expect(conditionOf([v("a.service", "healthy")])).toEqual(healthy);
+    expect(conditionOf([])).toEqual(healthy);
+  });
+});
