@@ -45,12 +45,19 @@ beforeAll(async () => {
   await node.execOk(["systemctl", "start", "alpha.service", "beta.service", "slow.service", selfUnit]);
 
   systemd = createSystemd({ address: node.busAddress });
+  const record = async (unit: string) => {
+    const current = await core.readNode({ name: node.name });
+    restarts.push({ unit, annotation: current.metadata?.annotations?.[restartAnnotation] });
+  };
   const recording: Systemd = {
     ...systemd,
     restart: async (unit) => {
-      const current = await core.readNode({ name: node.name });
-      restarts.push({ unit, annotation: current.metadata?.annotations?.[restartAnnotation] });
+      await record(unit);
       return systemd.restart(unit);
+    },
+    queueRestart: async (unit) => {
+      await record(unit);
+      return systemd.queueRestart(unit);
     },
   };
   nodes = nodeSource(kube, node.name);
