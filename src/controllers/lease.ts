@@ -8,7 +8,7 @@
 // already when creating) or a 404 (it was deleted) means that copy is stale: read again, write again.
 // Nothing ends the loop but stop(): failures are counted, logged and reported, and the next tick retries.
 import { ApiException, type ConfigurationOptions, CoordinationV1Api, Observable, type V1Lease, type V1Node, type V1OwnerReference } from "@kubernetes/client-node";
-import type { Kube } from "../kube/client.ts";
+import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
 import { microTime } from "../kube/serial-gate.ts";
 import { abortableSleep } from "../kube/watch.ts";
@@ -47,7 +47,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   const now = deps.now ?? Date.now;
   const sleep = deps.sleep ?? abortableSleep;
   const log = deps.log.with({ controller: "lease" });
-  const coordination = deps.kube.config.makeApiClient(CoordinationV1Api);
+  const coordination = apiClient(deps.kube, CoordinationV1Api);
   const renewFailures = deps.metrics.counter("trellis_lease_renew_failures_total", "Renewals of the agent's Lease that failed (the next interval tries again).");
   const lastRenewed = deps.metrics.gauge("trellis_lease_last_renew_timestamp_seconds", "renewTime of the agent's Lease as last written, in seconds since the epoch.");
   // A request that hangs (a black-holed connection) must not stall the heartbeat: it is abandoned after a

@@ -16,7 +16,7 @@ import { type ApplyOutcome, applyDesired } from "../apply/apply.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
-import type { Kube } from "../kube/client.ts";
+import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import type { EventRecorder } from "../kube/events.ts";
 import { patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
@@ -81,7 +81,7 @@ type Wait = { atMs: number; why: string };
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
   const now = deps.now ?? Date.now;
-  const core = deps.kube.config.makeApiClient(CoreV1Api);
+  const core = apiClient(deps.kube, CoreV1Api);
   let secret: V1Secret | undefined;
   const firstSeen = new Map<string, number>(); // checksum → when this agent first saw it (for the delay)
   const reported = new Set<string>(); // "reason/checksum" of problems already reported as events

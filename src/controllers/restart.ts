@@ -9,7 +9,7 @@
 // are ignored until the annotation disappears or changes.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Systemd } from "../host/systemd.ts";
-import type { Kube } from "../kube/client.ts";
+import { apiClient, type Kube } from "../kube/client.ts";
 import { rethrow } from "../kube/errors.ts";
 import type { EventRecorder } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
@@ -54,7 +54,7 @@ type Request = {
 
 export function startRestartController(deps: RestartControllerDeps): Controller {
   const log = deps.log.with({ controller: "restart" });
-  const core = deps.kube.config.makeApiClient(CoreV1Api);
+  const core = apiClient(deps.kube, CoreV1Api);
   const retryMs = deps.retryMs ?? 5_000;
   let handled: Request | undefined; // the value whose restarts ran, until the annotation disappears
   let latest: V1Node | undefined;

@@ -3,8 +3,9 @@
 // picked up without a restart (client-node reads `token-file` once and ignores client-go's `tokenFile`).
 import { readFileSync, statSync } from "node:fs";
 import { dirname, isAbsolute, join } from "node:path";
-import { type Cluster, KubeConfig, type User } from "@kubernetes/client-node";
+import { type Cluster, type Configuration, createConfiguration, KubeConfig, Observable, ServerConfiguration, type User } from "@kubernetes/client-node";
 import { parse as parseYaml } from "yaml";
+import { version } from "../version.ts";
 import type { Connection } from "./connection.ts";
 
 export type Kube = {
@@ -94,4 +95,29 @@ function tokenFileAuthenticator(files: Map<string, string>) {
       opts.headers.Authorization = `Bearer ${read(file)}`;
     },
   };
+}
+
+/** No API request may take longer than this: client-node sets no timeout, and a hung connection would stall its caller for good. */
+export const requestTimeoutMs = 30_000;
+
+/**
+ * A client-node API client for `kube` whose every request is aborted after `timeoutMs` and says it
+ * comes from trellis (User-Agent). Use this instead of KubeConfig.makeApiClient.
+ */
+export function apiClient<T>(kube: Kube, Api: new (config: Configuration) => T, timeoutMs = requestTimeoutMs): T {
+  const config = createConfiguration({
+    baseServer: new ServerConfiguration(kube.server, {}),
+    authMethods: { default: kube.config },
+    middleware: [
+      {
+        pre: (ctx) => {
+          ctx.setSignal(AbortSignal.timeout(timeoutMs));
+          ctx.setHeaderParam("User-Agent", `trellis/${version}`);
+          return new Observable(Promise.resolve(ctx));
+        },
+        post: (res) => new Observable(Promise.resolve(res)),
+      },
+    ],
+  });
+  return new Api(config);
 }

@@ -32,6 +32,9 @@ export function explainKubeError(err: unknown, ctx: RequestContext): KubeError {
   // No cause: an ApiException's message is a dump of the status and body summarised here, and a
   // logged cause chain would repeat it.
   if (err instanceof ApiException) return fromStatus(err.code, err.body, ctx);
+  if (err instanceof Error && (err.name === "TimeoutError" || err.name === "AbortError")) {
+    return new KubeError(`${ctx.what}: no answer from ${ctx.server} in time (${err.name})`, "unreachable", undefined, { cause: err });
+  }
   const code = errorCode(err);
   if (code !== undefined && untrusted.has(code)) {
     return new KubeError(

@@ -5,7 +5,7 @@
 // into the reconcile that wanted to report something.
 import { type CoreV1Event, CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
-import type { Kube } from "./client.ts";
+import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 import { metaTime } from "./node.ts";
 
@@ -37,7 +37,7 @@ export function createEventRecorder(opts: {
   const component = opts.component ?? "trellis";
   const windowMs = opts.windowMs ?? 10 * 60_000;
   const now = opts.now ?? (() => new Date());
-  const core = kube.config.makeApiClient(CoreV1Api);
+  const core = apiClient(kube, CoreV1Api);
   const recent = new Map<string, { name: string; count: number; last: number }>();
   // One at a time: two identical events recorded at once must not both find nothing and both create.
   let queue: Promise<unknown> = Promise.resolve();

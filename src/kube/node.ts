@@ -2,7 +2,7 @@
 // annotations (checksum, Kubernetes version, role, zone) and one status condition of its own
 // (SystemdUnitsReady), without disturbing what kubelet and others keep on the same object.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
-import type { Kube } from "./client.ts";
+import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError, rethrow } from "./errors.ts";
 
 const hostnameLabel = "kubernetes.io/hostname";
@@ -12,7 +12,7 @@ const hostnameLabel = "kubernetes.io/hostname";
  * exactly one Node. No match is reason "not-found": kubelet may not have registered the node yet.
  */
 export async function findNode(kube: Kube, by: { name: string } | { hostname: string }): Promise<V1Node> {
-  const core = kube.config.makeApiClient(CoreV1Api);
+  const core = apiClient(kube, CoreV1Api);
   if ("name" in by) return core.readNode({ name: by.name }).catch(rethrow(kube, `reading Node ${by.name}`));
   // kubelet derives the label the same way (nodeutil.GetHostname): trimmed and lower-cased.
   const hostname = by.hostname.trim().toLowerCase();
@@ -33,8 +33,7 @@ export function patchNodeMetadata(
   meta: { labels?: Record<string, string | null>; annotations?: Record<string, string | null> },
 ): Promise<V1Node> {
   const body = { metadata: { ...(meta.labels && { labels: meta.labels }), ...(meta.annotations && { annotations: meta.annotations }) } };
-  return kube.config
-    .makeApiClient(CoreV1Api)
+  return apiClient(kube, CoreV1Api)
     .patchNode({ name: nodeName, body }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))
     .catch(rethrow(kube, `patching labels/annotations of Node ${nodeName}`));
 }
@@ -53,7 +52,7 @@ export async function patchNodeCondition(
   condition: NodeCondition,
   opts: { now?: () => Date; attempts?: number } = {},
 ): Promise<V1Node> {
-  const core = kube.config.makeApiClient(CoreV1Api);
+  const core = apiClient(kube, CoreV1Api);
   const now = opts.now ?? (() => new Date());
   const attempts = opts.attempts ?? 5;
   const what = `setting condition ${condition.type} of Node ${nodeName}`;

@@ -9,7 +9,7 @@
 // the exclusion, which NTP-synchronised nodes and a 600 s lease make a non-issue.
 import { CoordinationV1Api, type V1Lease, V1MicroTime, type V1OwnerReference } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
-import type { Kube } from "./client.ts";
+import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
 
 export const serialAnnotation = "reconciliation.osc.node-agent.gardener.cloud/serial";
@@ -55,7 +55,7 @@ export function createSerialGate(opts: {
   if (identity === "") throw new Error(`serial lease ${ref}: the identity (node name) must not be empty`);
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`serial lease ${ref}: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const log = opts.log.with({ lease: ref, identity });
-  const coordination = kube.config.makeApiClient(CoordinationV1Api);
+  const coordination = apiClient(kube, CoordinationV1Api);
   const owner: V1OwnerReference = { apiVersion: "v1", kind: "Secret", name: secret.name, uid: secret.uid, controller: true };
 
   /** The Lease as last read or written by this gate: renew and release start from it. */

@@ -1,21 +1,19 @@
 // The smallest round trip that proves a connection works end to end: the server's version
 // (TLS and reachability) and a SelfSubjectReview (the credentials, as the server sees them).
 import { AuthenticationV1Api, VersionApi } from "@kubernetes/client-node";
-import type { Kube } from "./client.ts";
+import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError } from "./errors.ts";
 
 export type WhoAmI = { server: string; serverVersion: string; username: string; groups: string[] };
 
 export async function whoami(kube: Kube): Promise<WhoAmI> {
   const ctx = (what: string) => ({ server: kube.server, caSource: kube.caSource, what });
-  const info = await kube.config
-    .makeApiClient(VersionApi)
+  const info = await apiClient(kube, VersionApi)
     .getCode()
     .catch((err: unknown) => {
       throw explainKubeError(err, ctx("reading the server version"));
     });
-  const review = await kube.config
-    .makeApiClient(AuthenticationV1Api)
+  const review = await apiClient(kube, AuthenticationV1Api)
     .createSelfSubjectReview({ body: { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" } })
     .catch((err: unknown) => {
       throw explainKubeError(err, ctx("asking who trellis is (SelfSubjectReview)"));

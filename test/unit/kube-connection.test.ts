@@ -1,8 +1,12 @@
 import { describe, expect, test } from "bun:test";
-import { ApiException } from "@kubernetes/client-node";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { createServer, type Socket } from "node:net";
+import { ApiException, CoreV1Api } from "@kubernetes/client-node";
 import { paths } from "../../src/api/paths.ts";
 import { connectionFor } from "../../src/kube/connection.ts";
+import { apiClient, kubeFromConnection } from "../../src/kube/client.ts";
 import { explainKubeError } from "../../src/kube/errors.ts";
+import { runOk } from "../harness/exec.ts";
 
 const config = (kubeconfig = "", server = "https://api:443", caFile = "") => ({
   clientConnection: { kubeconfig, qps: 50, burst: 100, acceptContentTypes: "", contentType: "" },
@@ -65,4 +69,32 @@ describe("API errors are explained", () => {
     expect(e.status).toBe(code);
     expect(e.message).toContain(": the reason");
   });
+});
+
+test("a request that timed out is reported as no answer in time", () => {
+  const e = explainKubeError(Object.assign(new Error("The operation timed out."), { name: "TimeoutError" }), { server: "https://api", caSource: "x", what: "reading Node n" });
+  expect(e.reason).toBe("unreachable");
+  expect(e.message).toBe("reading Node n: no answer from https://api in time (TimeoutError)");
+});
+
+test("a server that accepts but never answers cannot stall a caller: the request is aborted in time", async () => {
+  const sockets: Socket[] = [];
+  const silent = createServer((s) => void sockets.push(s));
+  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const port = (silent.address() as { port: number }).port;
+  const dir = mkdtempSync("/tmp/trellis-silent-");
+  writeFileSync(`${dir}/token`, "abc");
+  await runOk(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-days", "1", "-subj", "/CN=silent-test-ca"]);
+  try {
+    const kube = kubeFromConnection({ kind: "token-file", server: `https://127.0.0.1:${port}`, caFile: `${dir}/ca.crt`, tokenFile: `${dir}/token` });
+    const t0 = performance.now();
+    const err = await apiClient(kube, CoreV1Api, 300).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
+    expect(performance.now() - t0).toBeLessThan(5_000);
+    const explained = explainKubeError(err, { server: kube.server, caSource: "x", what: "reading Node n" });
+    expect(explained.message).toContain("no answer");
+    expect(explained.reason).toBe("unreachable");
+  } finally {
+    for (const s of sockets) s.destroy();
+    silent.close();
+  }
 });
