@@ -204,6 +204,15 @@ class AuditTail {
 }
 const agentUser = (a: AgentNode) => `gardener.cloud:node-agent:machine:${a.name}`;
 const describeRequest = (e: AuditEvent) => `${e.stage} ${e.verb} ${e.requestURI}`;
+/** Splits the agent's requests: watches (and their resumptions), its heartbeat Lease (kube-system/gardener-node-agent-<node>, renewed every 10 s), the rest. */
+function classify(events: AuditEvent[]) {
+  const isLease = (e: AuditEvent) => e.objectRef?.resource === "leases" && (e.objectRef.name ?? "").startsWith("gardener-node-agent-");
+  return {
+    apiRequests: events.filter((e) => e.verb !== "watch" && !isLease(e)).map(describeRequest),
+    leaseRequests: events.filter((e) => e.verb !== "watch" && isLease(e)).length,
+    watchRequests: events.filter((e) => e.verb === "watch").map(describeRequest),
+  };
+}
 /** The agent's PATCH that set the Node's checksum annotation (metadata, not status). */
 function annotationPatch(audit: AuditTail, a: AgentNode, fromMs: number): AuditEvent | undefined {
   return audit
@@ -282,8 +291,8 @@ async function waitAnnotation(a: AgentNode, checksum: string, timeoutMs = 120_00
   return wallNow();
 }
 
-// The machine may be shared (other test runs start their own control planes): each phase records
-// how many kube-apiservers other than this run's were running when it began and ended.
+// The machine may be shared (other test runs start their own control planes): every 500 ms the
+// benchmark counts the kube-apiservers other than its own, and records the most seen in each phase.
 function apiserversRunning(): number {
   let n = 0;
   for (const pid of readdirSync("/proc")) {
@@ -296,10 +305,17 @@ function apiserversRunning(): number {
   }
   return n;
 }
-const foreignLoad: Record<string, { foreignApiservers: number; loadavg1: number }> = {};
-let ownApiservers = 0;
-const mark = (phase: string) => {
-  foreignLoad[phase] = { foreignApiservers: apiserversRunning() - ownApiservers, loadavg1: Number(readFileSync("/proc/loadavg", "utf8").split(" ")[0]) };
+const foreignApiservers: Record<string, number> = {};
+let phase = "";
+let foreignSampler: ReturnType<typeof setInterval> | undefined;
+const samplePhase = () => {
+  foreignApiservers[phase] = Math.max(foreignApiservers[phase] ?? 0, apiserversRunning() - 1);
+};
+/** Starts a phase (after this run's own kube-apiserver is up). */
+const mark = (name: string) => {
+  phase = name;
+  foreignSampler ??= setInterval(samplePhase, 500);
+  samplePhase();
 };
 
 // ---------------------------------------------------------------- the benchmark
@@ -343,8 +359,7 @@ try {
   cluster = await startCluster({ controllerManager: false });
   const core = cluster.admin().makeApiClient(CoreV1Api);
   const audit = new AuditTail(cluster.auditLog);
-  ownApiservers = 1;
-  mark("start");
+  mark("first apply");
   const version = await cluster.admin().makeApiClient(VersionApi).getCode();
   result.versions = {
     trellis: { ...JSON.parse(await runOk([binary, "version", "--json"])), binary: source },
@@ -384,7 +399,7 @@ try {
   if (!agent) throw new Error("no agent node");
   const a = agent;
 
-  mark("after first apply");
+  mark("idle");
   // ------------------------------------------------ 2. idle agent: RSS and CPU over 30 s
   await sleep(2_000); // the events and the Node condition follow the annotation
   const pid = await mainPid(a, "gardener-node-agent.service");
@@ -403,11 +418,10 @@ try {
     vmHwmMiB: round(memIdle.vmHwmKiB / 1024),
     cpuSeconds: round(cpu1 - cpu0, 2),
     cpuTickSeconds: 1 / clockTicks,
-    apiRequests: idleRequests.filter((e) => e.verb !== "watch").length,
-    watchRequests: idleRequests.filter((e) => e.verb === "watch").map(describeRequest),
+    ...classify(idleRequests),
   };
 
-  mark("after idle");
+  mark("reaction latency");
   // ------------------------------------------------ 3. reaction latency: 30 changes, one unit each
   const secretName = `osc-bench-${FIRST_APPLY_RUNS}`;
   const latency: number[] = [];
@@ -460,7 +474,7 @@ try {
   };
   progress(`reaction latency median ${round(median(latency))} ms, max ${round(Math.max(...latency))} ms`);
 
-  mark("after reaction latency");
+  mark("trellis plan");
   // ------------------------------------------------ 4a. no-op re-check: `trellis plan` of the applied OSC
   await a.node.writeFile("/root/timeit.sh", timeitScript, 0o755);
   await a.node.writeFile("/root/osc.yaml", lastText, 0o600);
@@ -480,7 +494,7 @@ try {
   }
   progress(`trellis plan (no-op): median ${round(median(planRuns.map((r) => r.wallMs)))} ms wall`);
 
-  mark("after trellis plan");
+  mark("periodic re-checks");
   // ------------------------------------------------ 4b. the agent's own periodic re-check (syncPeriod 15 s)
   const config = await a.node.readFile("/var/lib/gardener-node-agent/config.yaml");
   await a.node.writeFile("/var/lib/gardener-node-agent/config.yaml", config.replace(/syncPeriod: .*/, `syncPeriod: ${SYNC_PERIOD_S}s`), 0o600);
@@ -526,8 +540,7 @@ try {
       // The timer fires syncPeriod after the previous reconcile ended (just after its log line).
       wallMs: end - prevEnd - SYNC_PERIOD_S * 1000,
       applyDesiredMs: line.durationMs ?? NaN,
-      apiRequests: requests.filter((e) => e.verb !== "watch").map(describeRequest),
-      watchRequests: requests.filter((e) => e.verb === "watch").length,
+      ...classify(requests),
     };
   });
   const memAfter = await memoryKiB(a.node, pid2);
@@ -545,16 +558,15 @@ try {
     agentPeriodic: {
       syncPeriod: `${SYNC_PERIOD_S}s`,
       checks: periodic,
-      apiRequestsWholePhase: phase.filter((e) => e.verb !== "watch").map(describeRequest),
-      watchRequestsWholePhase: phase.filter((e) => e.verb === "watch").map(describeRequest),
-      note: "cpuMs: the agent's utime+stime (/proc/PID/stat, 10 ms ticks, sampled every 20 ms) from 10 s after the previous reconcile to 1 s after this one, less the idle rate; wallMs: interval between consecutive 'OSC applied' log lines less syncPeriod (decode, parse, observe, plan, state write; ms resolution); applyDesiredMs: the agent's own log (observe+plan+state write, without decoding and parsing the Secret); apiRequests: from the audit log, watches excluded",
+      wholePhase: { seconds: round((wallNow() - Date.parse(startupCheck.ts) - 1_000) / 1000), ...classify(phase) },
+      note: "cpuMs: the agent's utime+stime (/proc/PID/stat, 10 ms ticks, sampled every 20 ms) from 10 s after the previous reconcile to 1 s after this one, less the idle rate; wallMs: interval between consecutive 'OSC applied' log lines less syncPeriod (decode, parse, observe, plan, state write; ms resolution); applyDesiredMs: the agent's own log (observe+plan+state write, without decoding and parsing the Secret); apiRequests: from the audit log, without watches and the liveness Lease's requests (counted apart)",
     },
     agentRssAfterPeriodicChecksMiB: round(memAfter.vmRssKiB / 1024),
   };
   progress(`periodic re-checks: ${periodic.map((p) => `${p.cpuMs} ms CPU, ${p.apiRequests.length} API requests`).join("; ")}`);
   await stopNode(a.node);
 
-  mark("after periodic re-checks");
+  mark("trellis apply");
   // ------------------------------------------------ 5. the same OSC with `trellis apply --osc`, no API server
   const localApply: Timed[] = [];
   for (let r = 1; r <= FIRST_APPLY_RUNS; r++) {
@@ -585,14 +597,15 @@ try {
     },
     trellisApplyOsc: { ...timedSummary(localApply), note: "`trellis apply --osc` in a fresh node, no API server: process start-up included" },
   };
-  mark("end");
+  samplePhase();
   result.sharedMachine = {
-    phases: foreignLoad,
-    note: "kube-apiservers of other runs on this machine at each phase boundary, and the 1-min load average; figures from phases with foreign ones are less trustworthy",
+    foreignApiservers,
+    note: "the most kube-apiservers of other runs seen on this machine during each phase (sampled every 500 ms): figures from a phase with other test runs are less trustworthy",
   };
   result.finishedAt = new Date().toISOString();
   result.benchSeconds = round((performance.now() - benchStart) / 1000);
 } finally {
+  clearInterval(foreignSampler);
   for (const n of [...nodes].reverse()) await n.stop().catch((err: unknown) => console.error(`stopping node ${n.name}: ${String(err)}`));
   await cluster?.stop();
   if (binary) rmSync(binary, { force: true });
@@ -617,7 +630,7 @@ const r = result as {
     trellisVersion: { wallMs: S };
     agentPeriodic: { checks: { cpuMs: number; wallMs: number; applyDesiredMs: number; apiRequests: string[] }[] };
   };
-  idleAgent: { vmRssMiB: number; cpuSeconds: number; apiRequests: number };
+  idleAgent: { vmRssMiB: number; cpuSeconds: number; apiRequests: string[]; leaseRequests: number };
 };
 const row = (what: string, s: S, unit = "ms") => `${what.padEnd(52)} ${`${s.median}`.padStart(8)} ${`${s.p99}`.padStart(8)} ${`${s.min}`.padStart(8)} ${`${s.max}`.padStart(8)}  ${unit}`;
 const checks = r.noopRecheck.agentPeriodic.checks;
@@ -636,8 +649,8 @@ console.error(
     row("no-op: trellis plan --osc --root /., wall (10)", r.noopRecheck.trellisPlanFilesOnly.wallMs),
     row("start-up: trellis version, wall (10)", r.noopRecheck.trellisVersion.wallMs),
     `no-op periodic re-check in the agent: CPU ${checks.map((c) => `${c.cpuMs} ms`).join(", ")}; wall ${checks.map((c) => `${c.wallMs} ms`).join(", ")}; applyDesired ${checks.map((c) => `${c.applyDesiredMs} ms`).join(", ")}; API requests ${checks.map((c) => c.apiRequests.length).join(", ")}`,
-    `idle agent: VmRSS ${r.idleAgent.vmRssMiB} MiB, CPU ${r.idleAgent.cpuSeconds} s in ${IDLE_SECONDS} s, API requests ${r.idleAgent.apiRequests}; trellis plan peak RSS ${r.noopRecheck.trellisPlan.maxRssMiBMedian} MiB`,
-    `other control planes running at phase boundaries: ${Object.entries(foreignLoad).map(([p, l]) => `${p} ${l.foreignApiservers}`).join(", ")}`,
+    `idle agent: VmRSS ${r.idleAgent.vmRssMiB} MiB, CPU ${r.idleAgent.cpuSeconds} s in ${IDLE_SECONDS} s, API requests ${r.idleAgent.apiRequests.length} (+${r.idleAgent.leaseRequests} for its Lease); trellis plan peak RSS ${r.noopRecheck.trellisPlan.maxRssMiBMedian} MiB`,
+    `other test runs' kube-apiservers seen per phase: ${Object.entries(foreignApiservers).map(([p, n]) => `${p} ${n}`).join(", ")}`,
     `written to test/bench/results/reconcile-${date}.json`,
   ].join("\n"),
 );

@@ -29,15 +29,25 @@ afterAll(async () => {
 });
 
 describe("the agent follows the OSC Secret", () => {
-  test("first apply: files, units, Node annotation and labels, an OSCApplied event, the condition", async () => {
+  test("first apply: files, units, Node annotation and labels, an OSCApplied event, the condition; bootstrap credentials removed", async () => {
+    await agent.node.writeFile("/var/lib/gardener-node-agent/credentials/bootstrap-token", "abcdef.0123456789abcdef", 0o600);
+    await agent.node.writeFile("/var/lib/kubelet/kubeconfig-bootstrap", "apiVersion: v1\nkind: Config\n", 0o600);
     const checksum = await putOscSecret(cluster, secretName, osc("<h1>v1</h1>\n"));
     const node = await waitApplied(agent, checksum);
+    await waitFor("bootstrap credentials removed", async () =>
+      (await agent.node.exec(["test", "-e", "/var/lib/gardener-node-agent/credentials/bootstrap-token"])).code === 1 &&
+      (await agent.node.exec(["test", "-e", "/var/lib/kubelet/kubeconfig-bootstrap"])).code === 1,
+    );
     expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v1</h1>\n");
     expect((await agent.node.exec(["systemctl", "is-active", "web.service", "ticker.service"])).stdout).toBe("active\nactive\n");
     expect(node.metadata?.labels).toMatchObject({ "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "" });
-    const applied = (await nodeEvents(agent)).find((e) => e.reason === "OSCApplied");
-    expect(applied?.message).toContain(`Applied OSC ${checksum.slice(0, 12)}`);
-    expect(node.status?.conditions?.find((c) => c.type === "OperatingSystemConfigApplied")).toMatchObject({ status: "True", reason: "Applied" });
+    // The annotation is patched first; the event and the condition follow.
+    const applied = await waitFor("the OSCApplied event", async () => (await nodeEvents(agent)).find((e) => e.reason === "OSCApplied"));
+    expect(applied.message).toContain(`Applied OSC ${checksum.slice(0, 12)}`);
+    const condition = await waitFor("the condition", async () =>
+      (await readNode(agent)).status?.conditions?.find((c) => c.type === "OperatingSystemConfigApplied"),
+    );
+    expect(condition).toMatchObject({ status: "True", reason: "Applied" });
   });
 
   test("changing a file a unit lists restarts only that unit", async () => {

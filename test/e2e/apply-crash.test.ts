@@ -30,7 +30,8 @@ function osc(version: number) {
           name: "sleeper.service",
           command: "start",
           // Records which content of the file it lists it started with: the invariant under test.
-          content: `[Service]\nExecStart=/bin/sh -c 'sha256sum < /etc/crash/f${fileCount - 1} > /run/sleeper-started-with; exec sleep infinity'\n[Install]\nWantedBy=multi-user.target\n`,
+          // The sweep restarts it dozens of times in seconds: beyond systemd's default start limit.
+          content: `[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sh -c 'sha256sum < /etc/crash/f${fileCount - 1} > /run/sleeper-started-with; exec sleep infinity'\n[Install]\nWantedBy=multi-user.target\n`,
           filePaths: [`/etc/crash/f${fileCount - 1}`],
         },
       ],

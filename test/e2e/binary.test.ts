@@ -1,6 +1,6 @@
 // The shipped artifact: one self-contained executable per architecture that knows what it is.
 import { expect, test } from "bun:test";
-import { closeSync, openSync, readSync, rmSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeFileSync } from "node:fs";
 import pkg from "../../package.json" with { type: "json" };
 import { repoRoot, trellisBinary } from "../harness/binary.ts";
 import { run, runOk } from "../harness/exec.ts";
@@ -40,3 +40,15 @@ test("`bun run build -- --arch arm64` produces an aarch64 executable at dist/tre
   expect(header.subarray(0, 4).toString("latin1")).toBe("\x7fELF");
   expect(header.readUInt16LE(18)).toBe(0xb7); // e_machine EM_AARCH64
 }, 300_000);
+
+test("`trellis run` with a bad configuration exits 1 naming the file and the field", async () => {
+  const dir = mkdtempSync("/tmp/trellis-badconfig-");
+  writeFileSync(
+    `${dir}/config.yaml`,
+    "apiVersion: nodeagent.config.gardener.cloud/v1alpha1\nkind: NodeAgentConfiguration\ncontrollers:\n  operatingSystemConfig: {kubernetesVersion: 1.35.4, syncPeriod: 5s}\n",
+  );
+  const r = await run([await trellisBinary(), "run", "--config-dir", dir]);
+  expect(r.code).toBe(1);
+  expect(r.stderr).toContain(`${dir}/config.yaml: controllers.operatingSystemConfig.secretName`);
+  expect(r.stderr).toContain(`${dir}/config.yaml: controllers.operatingSystemConfig.syncPeriod: must be at least 15s`);
+});
