@@ -44,9 +44,18 @@ function osc(version: number) {
   };
 }
 
-async function applyKilledAfter(ms: number): Promise<void> {
-  // The kill happens inside the node so the delay is measured where the agent runs.
-  await node.exec(["sh", "-c", `/opt/bin/trellis apply --osc /root/osc.yaml >/dev/null 2>&1 & pid=$!; sleep ${ms / 1000}; kill -9 $pid; wait $pid; true`], { timeoutMs: 60_000 });
+/**
+ * Starts `trellis apply` inside the node, waits until it has persisted its plan for `checksum` (so the
+ * kill certainly lands during the apply, however slow the machine), then SIGKILLs it `ms` later.
+ */
+async function applyKilledDuring(checksum: string, ms: number): Promise<void> {
+  const state = "/var/lib/gardener-node-agent/trellis/state.json";
+  const script = [
+    "/opt/bin/trellis apply --osc /root/osc.yaml >/dev/null 2>&1 & pid=$!",
+    `until ! kill -0 $pid 2>/dev/null || grep -q '"progress":{"checksum":"${checksum}"' ${state} 2>/dev/null; do :; done`,
+    `sleep ${ms / 1000}; kill -9 $pid 2>/dev/null; wait $pid; true`,
+  ].join("\n");
+  await node.exec(["sh", "-c", script], { timeoutMs: 60_000 });
 }
 
 const isTemp = (name: string) => name.includes(".trellis-tmp-");
@@ -68,15 +77,15 @@ test("kill -9 during applies at many points: nothing torn, the next apply conver
   await node.writeFile("/root/osc.yaml", stringify(osc(1)));
   expect((await node.exec(["/opt/bin/trellis", "apply", "--osc", "/root/osc.yaml"], { timeoutMs: 60_000 })).code).toBe(0);
 
-  // Each round asks for the other version, so every round has work to be interrupted.
+  // Each round asks for the other version, so every round has work to be interrupted; the kill comes
+  // 0–240 ms after the plan was persisted: in the writes, at the unit steps, or around the end.
   let version = 1;
   let interrupted = 0; // kills that left a persisted, unfinished plan behind
-  // Kills sweep from 10 ms on; on a loaded machine start-up takes longer, so the sweep goes on (to
-  // 2 s at most) until enough kills have landed in the middle of an apply.
-  for (let ms = 10; ms <= 2000 && (ms <= 250 || interrupted < 4); ms += ms < 250 ? 10 : 50) {
+  for (let ms = 0; ms <= 240; ms += 10) {
     version = version === 1 ? 2 : 1;
-    await node.writeFile("/root/osc.yaml", stringify(osc(version)));
-    await applyKilledAfter(ms);
+    const text = stringify(osc(version));
+    await node.writeFile("/root/osc.yaml", text);
+    await applyKilledDuring(sha(text), ms);
     await checkNoTornFiles([1, 2], true);
     const state = await node.exec(["cat", "/var/lib/gardener-node-agent/trellis/state.json"]);
     if (state.code === 0 && JSON.parse(state.stdout).progress) interrupted++;
