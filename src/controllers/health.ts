@@ -17,6 +17,7 @@ import type { EventRecorder } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
+import { every } from "./every.ts";
 
 export const defaultKubeletHealthz = "http://127.0.0.1:10248/healthz";
 
@@ -196,40 +197,25 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
     });
   }
 
-  let stopped = false;
-  let wake: (() => void) | undefined;
-  const pause = (ms: number) =>
-    new Promise<void>((resolve) => {
-      const timer = setTimeout(resolve, ms);
-      wake = () => {
-        clearTimeout(timer);
-        resolve();
-      };
-    });
-  const loop = (async () => {
-    while (!stopped) {
-      await Promise.all(
-        checks.map((c) =>
-          runCheck(c).then(
-            () => void (c.checkError = undefined),
-            (err: unknown) => {
-              c.checkError = errorText(err);
-              log.error(`could not check ${c.component}`, { error: err });
-            },
-          ),
+  const loop = every(config.syncPeriod, async () => {
+    await Promise.all(
+      checks.map((c) =>
+        runCheck(c).then(
+          () => void (c.checkError = undefined),
+          (err: unknown) => {
+            c.checkError = errorText(err);
+            log.error(`could not check ${c.component}`, { error: err });
+          },
         ),
-      );
-      report();
-      if (!stopped) await pause(config.syncPeriod);
-    }
-  })();
+      ),
+    );
+    report();
+  });
 
   return {
     stop: async () => {
-      stopped = true;
       unsubscribe();
-      wake?.();
-      await loop;
+      await loop.stop();
     },
   };
 }

@@ -16,6 +16,7 @@ import type { Kube } from "../kube/client.ts";
 import { metaTime, type NodeCondition, patchNodeCondition } from "../kube/node.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
+import { every } from "./every.ts";
 
 export const unitsConditionType = "SystemdUnitsReady";
 const allHealthyMessage = "All systemd units from the operating system config are running as expected.";
@@ -72,36 +73,17 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
     deps.status.set("units", { ok: true, summary, ...board });
   }
 
-  let stopped = false;
-  let wake: (() => void) | undefined;
-  const pause = (ms: number) =>
-    new Promise<void>((resolve) => {
-      const timer = setTimeout(resolve, ms);
-      wake = () => {
-        clearTimeout(timer);
-        resolve();
-      };
-    });
+  const loop = every(deps.config.syncPeriod, () =>
+    check().catch((err: unknown) => {
+      const error = err instanceof Error ? describeError(err) : String(err);
+      log.error("could not check the systemd units", { error });
+      deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
+    }),
+  );
   // The condition goes up as soon as the Node is there, not a syncPeriod later.
-  void deps.nodes.found.then(() => wake?.());
-  const loop = (async () => {
-    while (!stopped) {
-      await check().catch((err: unknown) => {
-        const error = err instanceof Error ? describeError(err) : String(err);
-        log.error("could not check the systemd units", { error });
-        deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
-      });
-      if (!stopped) await pause(deps.config.syncPeriod);
-    }
-  })();
+  void deps.nodes.found.then(() => loop.wake());
 
-  return {
-    stop: async () => {
-      stopped = true;
-      wake?.();
-      await loop;
-    },
-  };
+  return { stop: () => loop.stop() };
 }
 
 /** How one managed unit is doing, from what the OSC wants of it and what systemd says. Pure. */

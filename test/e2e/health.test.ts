@@ -12,16 +12,17 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, type CoreV1Event, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import { startHealthController } from "../../src/controllers/health.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
-import type { ComponentStatus, Controller, NodeSource, StatusBoard } from "../../src/controllers/types.ts";
+import type { Controller, NodeSource } from "../../src/controllers/types.ts";
 import { createSystemd, type Systemd } from "../../src/host/systemd.ts";
 import type { Kube } from "../../src/kube/client.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
 import { createLogger } from "../../src/log.ts";
-import { createRegistry, type Registry } from "../../src/metrics.ts";
+import { createRegistry } from "../../src/metrics.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { freePort, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { userWithRules } from "../harness/rbac.ts";
+import { memoryStatusBoard, metricSample } from "../harness/observe.ts";
 
 const config = { syncPeriod: 200, kubeletFailureThreshold: 1000, containerdFailureThreshold: 1000, readinessFlaps: 5, readinessFlapWindow: 600_000 };
 const log = createLogger({ level: "error" });
@@ -77,25 +78,12 @@ afterAll(async () => {
   await cluster?.stop();
 }, 60_000);
 
-function statusBoard(): StatusBoard & { of(component: string): ComponentStatus | undefined } {
-  const board: Record<string, ComponentStatus> = {};
-  return {
-    set: (component, status) => void (board[component] = { ...status, at: new Date().toISOString() } as ComponentStatus),
-    snapshot: () => ({ ...board }),
-    of: (component) => board[component],
-  };
-}
 
-/** A sample's value in the exposition text; undefined when the series is absent. */
-function sample(metrics: Registry, series: string): number | undefined {
-  const line = metrics.render().split("\n").find((l) => l.startsWith(`${series} `));
-  return line === undefined ? undefined : Number(line.slice(series.length + 1));
-}
 
 /** A health controller for `target` with its own metrics and status board. */
 function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: Systemd; nodes?: NodeSource } = {}) {
   const metrics = createRegistry();
-  const status = statusBoard();
+  const status = memoryStatusBoard();
   const controller = startHealthController({
     systemd: overrides.systemd ?? sd,
     nodes: overrides.nodes ?? nodes,
@@ -132,8 +120,8 @@ describe("kubelet", () => {
     try {
       await sleep(2_500); // two and a half thresholds
       expect((await kubeletStarts()).length).toBe(before);
-      expect(sample(metrics, 'trellis_health_check_failures_total{component="kubelet"}')).toBe(0);
-      expect(sample(metrics, 'trellis_health_restarts_total{component="kubelet"}')).toBe(0);
+      expect(metricSample(metrics, 'trellis_health_check_failures_total{component="kubelet"}')).toBe(0);
+      expect(metricSample(metrics, 'trellis_health_restarts_total{component="kubelet"}')).toBe(0);
       expect(status.of("health")).toMatchObject({ ok: true, summary: "kubelet healthy, containerd healthy", kubelet: { state: "healthy", answer: "ok", restarts: 0 } });
       expect(await events("KubeletUnhealthy")).toEqual([]);
     } finally {
@@ -162,8 +150,8 @@ describe("kubelet", () => {
       await sleep(2_000);
       expect((await kubeletStarts()).length - before).toBe(restarts); // healthy again: no more restarts
       expect(restarts).toBeGreaterThanOrEqual(2);
-      expect(sample(metrics, 'trellis_health_restarts_total{component="kubelet"}')).toBe(restarts);
-      expect(sample(metrics, 'trellis_health_check_failures_total{component="kubelet"}')).toBeGreaterThanOrEqual(restarts * 4);
+      expect(metricSample(metrics, 'trellis_health_restarts_total{component="kubelet"}')).toBe(restarts);
+      expect(metricSample(metrics, 'trellis_health_check_failures_total{component="kubelet"}')).toBeGreaterThanOrEqual(restarts * 4);
 
       const warnings = await waitFor("the Warning events", async () => ((await eventCount("KubeletUnhealthy")) === restarts ? events("KubeletUnhealthy") : undefined), 5_000);
       for (const e of warnings) {
@@ -200,7 +188,7 @@ describe("containerd", () => {
       }, 15_000, 50);
       expect((restarted.activeEnterTimestamp?.getTime() ?? 0) - hungFrom).toBeGreaterThanOrEqual(config.containerdFailureThreshold);
       expect(await answers()).toBe(true);
-      expect(sample(metrics, 'trellis_health_restarts_total{component="containerd"}')).toBe(1);
+      expect(metricSample(metrics, 'trellis_health_restarts_total{component="containerd"}')).toBe(1);
       const [warning] = await waitFor("the Warning event", async () => ((await events("ContainerdUnhealthy")).length ? events("ContainerdUnhealthy") : undefined), 5_000);
       expect(warning?.message).toMatch(
         /^containerd has been failing its health check for [12]s \(threshold 1s\); last error: containerd Version call on \/proc\/\d+\/root\/run\/containerd\/containerd\.sock: no answer within 500 ms\. Restarted containerd\.service\.$/,
@@ -225,7 +213,7 @@ describe("containerd", () => {
       expect(after).toBeGreaterThanOrEqual(config.containerdFailureThreshold);
       expect(after).toBeLessThan(4_500);
       expect(await answers()).toBe(true);
-      expect(sample(metrics, 'trellis_health_restarts_total{component="containerd"}')).toBe(1);
+      expect(metricSample(metrics, 'trellis_health_restarts_total{component="containerd"}')).toBe(1);
       await waitFor("the Warning event", async () => (await events("ContainerdUnhealthy")).some((e) => /connect ECONNREFUSED|ENOENT/.test(e.message ?? "")), 5_000);
     } finally {
       await controller.stop();
@@ -243,8 +231,8 @@ test("components whose unit is not on the node are skipped, not counted as faili
   try {
     await sleep(2_000);
     for (const component of ["kubelet", "containerd"]) {
-      expect(sample(metrics, `trellis_health_check_failures_total{component="${component}"}`)).toBe(0);
-      expect(sample(metrics, `trellis_health_restarts_total{component="${component}"}`)).toBe(0);
+      expect(metricSample(metrics, `trellis_health_check_failures_total{component="${component}"}`)).toBe(0);
+      expect(metricSample(metrics, `trellis_health_restarts_total{component="${component}"}`)).toBe(0);
     }
     expect(status.of("health")).toMatchObject({
       ok: true,
@@ -256,8 +244,8 @@ test("components whose unit is not on the node are skipped, not counted as faili
     // Once kubelet is installed (and not answering), its failures count.
     await bare.writeFile("/etc/systemd/system/kubelet.service", "[Service]\nExecStart=/bin/sleep infinity\n");
     await bare.execOk(["systemctl", "daemon-reload"]);
-    await waitFor("kubelet failures to count", () => (sample(metrics, 'trellis_health_check_failures_total{component="kubelet"}') ?? 0) > 0, 5_000, 50);
-    expect(sample(metrics, 'trellis_health_check_failures_total{component="containerd"}')).toBe(0);
+    await waitFor("kubelet failures to count", () => (metricSample(metrics, 'trellis_health_check_failures_total{component="kubelet"}') ?? 0) > 0, 5_000, 50);
+    expect(metricSample(metrics, 'trellis_health_check_failures_total{component="containerd"}')).toBe(0);
   } finally {
     await controller.stop();
     bareSd.close();

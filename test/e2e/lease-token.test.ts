@@ -13,7 +13,7 @@ import { CoordinationV1Api, CoreV1Api, KubeConfig, type V1Lease, type V1Node } f
 import { leaseName, startLeaseController } from "../../src/controllers/lease.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
 import { startTokenController, type TokenSyncConfig } from "../../src/controllers/token.ts";
-import type { ComponentStatus, Controller, NodeSource, StatusBoard } from "../../src/controllers/types.ts";
+import type { Controller, NodeSource } from "../../src/controllers/types.ts";
 import { createFiles } from "../../src/host/files.ts";
 import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
 import { kubeGet } from "../../src/kube/http.ts";
@@ -22,6 +22,7 @@ import { createRegistry, type Registry } from "../../src/metrics.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { runDir, waitFor } from "../harness/exec.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
+import { memoryStatusBoard, metricSample } from "../harness/observe.ts";
 
 const namespace = "kube-system";
 
@@ -43,20 +44,7 @@ function logs(): Logs {
   return { log: createLogger({ level: "debug", write: (l) => lines.push(JSON.parse(l)) }), lines };
 }
 
-function statusBoard(): StatusBoard & { of(component: string): ComponentStatus | undefined } {
-  const board: Record<string, ComponentStatus> = {};
-  return {
-    set: (component, status) => void (board[component] = { ...status, at: new Date().toISOString() } as ComponentStatus),
-    snapshot: () => ({ ...board }),
-    of: (component) => board[component],
-  };
-}
 
-/** A sample's value in the registry's exposition text, e.g. `trellis_token_writes_total{secret="a"}`; undefined when absent. */
-function sample(metrics: Registry, series: string): number | undefined {
-  const line = metrics.render().split("\n").find((l) => l.startsWith(`${series} `));
-  return line === undefined ? undefined : Number(line.slice(series.length + 1));
-}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -90,7 +78,7 @@ describe("lease", () => {
     expect(lease).toBe("gardener-node-agent-lease-node-a");
     const { node, kube, source } = await nodeAndAgent(name);
     const metrics = createRegistry();
-    const status = statusBoard();
+    const status = memoryStatusBoard();
     const l = logs();
     const controller = startLeaseController({ kube, node: source, log: l.log, metrics, status, intervalMs: 300 });
     try {
@@ -104,8 +92,8 @@ describe("lease", () => {
 
       await sleep(1_500);
       const latest = Date.parse(await renewTimeOf(lease));
-      expect(sample(metrics, "trellis_lease_last_renew_timestamp_seconds")).toBeWithin(latest / 1000 - 1, latest / 1000 + 1);
-      expect(sample(metrics, "trellis_lease_renew_failures_total")).toBeUndefined(); // no failure yet
+      expect(metricSample(metrics, "trellis_lease_last_renew_timestamp_seconds")).toBeWithin(latest / 1000 - 1, latest / 1000 + 1);
+      expect(metricSample(metrics, "trellis_lease_renew_failures_total")).toBeUndefined(); // no failure yet
       expect(status.of("lease")).toMatchObject({ ok: true, summary: expect.stringMatching(/^renewed at \S+Z, every 0\.3 s \(lease 40 s\)$/), failures: 0 });
       expect(l.lines).toContainEqual(expect.objectContaining({ level: "info", msg: "renewing the Lease", lease: `kube-system/${lease}`, controller: "lease" }));
 
@@ -147,7 +135,7 @@ describe("lease", () => {
     const lease = leaseName(name);
     const { kube, source } = await nodeAndAgent(name);
     const metrics = createRegistry();
-    const status = statusBoard();
+    const status = memoryStatusBoard();
     const l = logs();
     const controller = startLeaseController({ kube, node: source, log: l.log, metrics, status, intervalMs: 300 });
     try {
@@ -155,7 +143,7 @@ describe("lease", () => {
       const t0 = performance.now();
       await cluster.restartApiServer();
       const restartedAt = Date.now();
-      const failures = sample(metrics, "trellis_lease_renew_failures_total") ?? 0;
+      const failures = metricSample(metrics, "trellis_lease_renew_failures_total") ?? 0;
       console.log(`kube-apiserver restart took ${Math.round(performance.now() - t0)} ms; ${failures} renewals failed meanwhile`);
       expect(failures).toBeGreaterThanOrEqual(3);
       // Still ok: the last renewal is younger than the lease.
@@ -166,7 +154,7 @@ describe("lease", () => {
       expect(status.of("lease")).toMatchObject({ ok: true, summary: expect.stringMatching(/^renewed at /) });
       expect(l.lines).toContainEqual(expect.objectContaining({ level: "warn", msg: "could not renew the Lease; trying again at the next interval" }));
       expect(l.lines).toContainEqual(expect.objectContaining({ level: "info", msg: "renewed the Lease again", failuresBefore: expect.any(Number) }));
-      expect(sample(metrics, "trellis_lease_last_renew_timestamp_seconds")).toBeGreaterThan(restartedAt / 1000);
+      expect(metricSample(metrics, "trellis_lease_last_renew_timestamp_seconds")).toBeGreaterThan(restartedAt / 1000);
     } finally {
       await controller.stop();
       await source.stop();
@@ -190,12 +178,12 @@ describe("lease", () => {
     const node: V1Node = { metadata: { name: "hung-node", uid: "00000000-0000-0000-0000-000000000001" } };
     const source: NodeSource = { current: () => node, subscribe: () => () => undefined, found: Promise.resolve(node) };
     const metrics = createRegistry();
-    const status = statusBoard();
+    const status = memoryStatusBoard();
     // 2 s lease: each request is given 0.5 s.
     const controller = startLeaseController({ kube, node: source, log: logs().log, metrics, status, intervalMs: 200, durationSeconds: 2 });
     try {
       const t0 = performance.now();
-      await waitFor("three failed renewals", () => (sample(metrics, "trellis_lease_renew_failures_total") ?? 0) >= 3, 10_000, 10);
+      await waitFor("three failed renewals", () => (metricSample(metrics, "trellis_lease_renew_failures_total") ?? 0) >= 3, 10_000, 10);
       const elapsed = performance.now() - t0;
       expect(elapsed).toBeGreaterThan(1_400);
       expect(elapsed).toBeLessThan(2_500);
@@ -231,12 +219,12 @@ describe("token", () => {
 
   let root: string;
   let metrics: Registry;
-  let status: ReturnType<typeof statusBoard>;
+  let status: ReturnType<typeof memoryStatusBoard>;
   let l: Logs;
   let controller: Controller;
   const host = (path: string) => root + path;
   const content = (path: string) => readFileSync(host(path));
-  const writesOf = (secret: string) => sample(metrics, `trellis_token_writes_total{secret="${secret}"}`) ?? 0;
+  const writesOf = (secret: string) => metricSample(metrics, `trellis_token_writes_total{secret="${secret}"}`) ?? 0;
   /** A write is counted (and logged) once the directory is fsynced, a moment after the file shows: wait for it. */
   async function expectWrites(secret: string, n: number): Promise<void> {
     await waitFor(`${n} write(s) counted`, () => writesOf(secret) >= n, 2_000, 10).catch(() => undefined);
@@ -255,7 +243,7 @@ describe("token", () => {
     await core.createNamespacedSecret({ namespace, body: { metadata: { name: "unrelated" }, data: { token: Buffer.from("not yours").toString("base64") } } });
     root = runDir("token-root");
     metrics = createRegistry();
-    status = statusBoard();
+    status = memoryStatusBoard();
     l = logs();
     // A short syncPeriod, so that the watches start afresh (a LIST) several times during these tests.
     controller = startTokenController({ kube, files: createFiles(root), log: l.log, metrics, status, syncConfigs, syncPeriodMs: 1_500, checkIntervalMs: 200 });

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { CoreV1Api, type V1NodeCondition } from "@kubernetes/client-node";
 import { stringify } from "yaml";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
-import type { ComponentStatus, Controller, NodeSource, StatusBoard } from "../../src/controllers/types.ts";
+import type { Controller, NodeSource } from "../../src/controllers/types.ts";
 import { startUnitHealthController } from "../../src/controllers/unit-health.ts";
 import { createStateStore } from "../../src/apply/state-store.ts";
 import { createFiles } from "../../src/host/files.ts";
@@ -18,6 +18,7 @@ import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
+import { memoryStatusBoard } from "../harness/observe.ts";
 
 const agentUser = "units-agent";
 const install = "[Install]\nWantedBy=multi-user.target\n";
@@ -50,7 +51,7 @@ let node: Node;
 let sd: Systemd;
 let nodes: NodeSource & Controller;
 let controller: Controller;
-const board = statusBoard();
+const board = memoryStatusBoard();
 
 beforeAll(async () => {
   [cluster, node] = await Promise.all([startCluster({ controllerManager: false }), bootNode("units")]);
@@ -86,14 +87,6 @@ afterAll(async () => {
   await cluster?.stop();
 }, 60_000);
 
-function statusBoard(): StatusBoard & { of(component: string): ComponentStatus | undefined } {
-  const entries: Record<string, ComponentStatus> = {};
-  return {
-    set: (component, status) => void (entries[component] = { ...status, at: new Date().toISOString() } as ComponentStatus),
-    snapshot: () => ({ ...entries }),
-    of: (component) => entries[component],
-  };
-}
 
 async function condition(): Promise<V1NodeCondition | undefined> {
   const n = await core.readNode({ name: node.name });
