@@ -107,26 +107,33 @@ describe("writeAtomic survives SIGKILL at any instant", () => {
     const dir = "/var/lib/trellis-crash";
     const inNode = (...args: string[]) => ["nsenter", "-t", String(node.pid), "-a", "env", "-i", "PATH=/usr/bin:/bin", "HOME=/root", ...args];
 
+    // The node has a /tmp of its own, so a checkout under /tmp is not visible inside it: the writer
+    // goes in as one bundled file, the way the agent's binary does.
+    const nodeWriter = "/root/files-crash-writer.js";
+
     beforeAll(async () => {
       node = await bootNode("files", { net: "private" });
+      const bundle = `${runDir("files-crash")}/writer.js`;
+      await runOk([process.execPath, "build", writer, "--target=bun", `--outfile=${bundle}`]);
+      await node.install(bundle, nodeWriter, 0o644);
     }, 60_000);
     afterAll(() => node?.stop(), 30_000);
 
     test("on the node's overlay filesystem: 10 kills", async () => {
-      await node.execOk(["bun", writer, "init", "/", dir]);
+      await node.execOk(["bun", nodeWriter, "init", "/", dir]);
       expect((await node.execOk(["stat", "-f", "-c", "%T", dir])).trim()).toBe("overlayfs");
       await crashLoop(
         {
           label: `node ${node.name}`,
           hostDir: `${node.root}${dir}`,
-          start: () => Bun.spawn(inNode("bun", writer, "write", "/", dir), { stdin: "ignore", stdout: "pipe", stderr: "pipe" }),
+          start: () => Bun.spawn(inNode("bun", nodeWriter, "write", "/", dir), { stdin: "ignore", stdout: "pipe", stderr: "pipe" }),
           // nsenter forks to enter the PID namespace; its one child is the writer (env execs bun).
           writerPid: (p) => {
             const children = readFileSync(`/proc/${p.pid}/task/${p.pid}/children`, "utf8").trim().split(" ");
             if (children.length !== 1 || !children[0]) throw new Error(`nsenter ${p.pid} has children "${children.join(" ")}", want one`);
             return Number(children[0]);
           },
-          cleanup: async () => JSON.parse(await node.execOk(["bun", writer, "cleanup", "/", dir])) as string[],
+          cleanup: async () => JSON.parse(await node.execOk(["bun", nodeWriter, "cleanup", "/", dir])) as string[],
         },
         10,
         40,
