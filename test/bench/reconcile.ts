@@ -14,6 +14,8 @@
 // Prints the JSON result on stdout (so `| jq` works), progress and a human table on stderr, and
 // writes the JSON to test/bench/results/reconcile-<date>.json. About 2 minutes on 2 cores.
 // The binary is dist/trellis (built if missing) or $TRELLIS_BENCH_BINARY, copied once at the start.
+// On a shared machine the result records, per phase, other test runs' control planes and the host's
+// busy CPU: rerun when a phase had company (see sharedMachine in the JSON).
 //
 // Restarts are observed by the units themselves: ExecStart is
 //   /bin/bash -c 'echo $EPOCHREALTIME >> /run/bench-uNN.started; exec sleep infinity'
@@ -306,6 +308,14 @@ function apiserversRunning(): number {
   return n;
 }
 const foreignApiservers: Record<string, number> = {};
+/** The host's busy CPU (all processes, this benchmark's included) per phase, in cores: compare runs. */
+const hostCpuBusyCores: Record<string, number> = {};
+const cpuJiffies = () => {
+  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "").split(/\s+/).slice(1).map(Number);
+  const idle = (f[3] ?? 0) + (f[4] ?? 0);
+  return { busy: f.slice(0, 8).reduce((a, b) => a + b, 0) - idle, at: performance.now() };
+};
+let phaseCpu = cpuJiffies();
 let phase = "";
 let foreignSampler: ReturnType<typeof setInterval> | undefined;
 const samplePhase = () => {
@@ -313,7 +323,11 @@ const samplePhase = () => {
 };
 /** Starts a phase (after this run's own kube-apiserver is up). */
 const mark = (name: string) => {
+  const now = cpuJiffies();
+  if (phase) hostCpuBusyCores[phase] = round((now.busy - phaseCpu.busy) / clockTicks / ((now.at - phaseCpu.at) / 1000), 2);
+  phaseCpu = now;
   phase = name;
+  if (!name) return clearInterval(foreignSampler); // the end
   foreignSampler ??= setInterval(samplePhase, 500);
   samplePhase();
 };
@@ -559,7 +573,7 @@ try {
       syncPeriod: `${SYNC_PERIOD_S}s`,
       checks: periodic,
       wholePhase: { seconds: round((wallNow() - Date.parse(startupCheck.ts) - 1_000) / 1000), ...classify(phase) },
-      note: "cpuMs: the agent's utime+stime (/proc/PID/stat, 10 ms ticks, sampled every 20 ms) from 10 s after the previous reconcile to 1 s after this one, less the idle rate; wallMs: interval between consecutive 'OSC applied' log lines less syncPeriod (decode, parse, observe, plan, state write; ms resolution); applyDesiredMs: the agent's own log (observe+plan+state write, without decoding and parsing the Secret); apiRequests: from the audit log, without watches and the liveness Lease's requests (counted apart)",
+      note: "cpuMs: the agent's utime+stime (/proc/PID/stat, 10 ms ticks, sampled every 20 ms) from 10 s after the previous reconcile to 1 s after this one, less the idle rate (the agent's other periodic work, health checks every 30 s and the unit check every minute, may still fall into a window); wallMs: interval between consecutive 'OSC applied' log lines less syncPeriod (decode, parse, observe, plan, state write; ms resolution); applyDesiredMs: the agent's own log (observe+plan+state write, without decoding and parsing the Secret); apiRequests: from the audit log, without watches and the liveness Lease's requests (counted apart)",
     },
     agentRssAfterPeriodicChecksMiB: round(memAfter.vmRssKiB / 1024),
   };
@@ -597,10 +611,11 @@ try {
     },
     trellisApplyOsc: { ...timedSummary(localApply), note: "`trellis apply --osc` in a fresh node, no API server: process start-up included" },
   };
-  samplePhase();
+  mark("");
   result.sharedMachine = {
     foreignApiservers,
-    note: "the most kube-apiservers of other runs seen on this machine during each phase (sampled every 500 ms): figures from a phase with other test runs are less trustworthy",
+    hostCpuBusyCores,
+    note: "foreignApiservers: the most kube-apiservers of other runs seen during each phase (sampled every 500 ms); hostCpuBusyCores: the whole machine's busy CPU per phase, this run's included (compare with a quiet run): figures from a phase with other test runs are less trustworthy",
   };
   result.finishedAt = new Date().toISOString();
   result.benchSeconds = round((performance.now() - benchStart) / 1000);
@@ -651,6 +666,7 @@ console.error(
     `no-op periodic re-check in the agent: CPU ${checks.map((c) => `${c.cpuMs} ms`).join(", ")}; wall ${checks.map((c) => `${c.wallMs} ms`).join(", ")}; applyDesired ${checks.map((c) => `${c.applyDesiredMs} ms`).join(", ")}; API requests ${checks.map((c) => c.apiRequests.length).join(", ")}`,
     `idle agent: VmRSS ${r.idleAgent.vmRssMiB} MiB, CPU ${r.idleAgent.cpuSeconds} s in ${IDLE_SECONDS} s, API requests ${r.idleAgent.apiRequests.length} (+${r.idleAgent.leaseRequests} for its Lease); trellis plan peak RSS ${r.noopRecheck.trellisPlan.maxRssMiBMedian} MiB`,
     `other test runs' kube-apiservers seen per phase: ${Object.entries(foreignApiservers).map(([p, n]) => `${p} ${n}`).join(", ")}`,
+    `host CPU busy per phase (cores of ${(result.machine as { nproc: number }).nproc}, this run included): ${Object.entries(hostCpuBusyCores).map(([p, n]) => `${p} ${n}`).join(", ")}`,
     `written to test/bench/results/reconcile-${date}.json`,
   ].join("\n"),
 );
