@@ -41,8 +41,9 @@ function serialise(fields: Fields | undefined): Fields {
   return out;
 }
 
-/** The message and its causes' messages, skipping a cause the message already quotes. */
-export function describeError(err: Error): string {
+/** The message and its causes' messages, skipping a cause the message already quotes; String() of a non-Error. */
+export function describeError(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
   let text = err.message;
   for (let c: unknown = err.cause; c instanceof Error; c = c.cause) if (!text.includes(c.message)) text += `: ${c.message}`;
   return text;

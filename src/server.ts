@@ -66,7 +66,7 @@ function readiness(ready: () => Readiness): Readiness {
   try {
     return ready();
   } catch (err) {
-    return { ok: false, reasons: [`the readiness check failed: ${err instanceof Error ? describeError(err) : String(err)}`] };
+    return { ok: false, reasons: [`the readiness check failed: ${describeError(err)}`] };
   }
 }
 
@@ -100,7 +100,7 @@ function respond(req: IncomingMessage, res: ServerResponse, handle: Handler, log
       out = handle(new URL(req.url ?? "/", "http://localhost").pathname);
     } catch (err) {
       log.error("answering a request failed", { path: req.url, error: err });
-      out = { status: 500, body: `${err instanceof Error ? describeError(err) : String(err)}\n` };
+      out = { status: 500, body: `${describeError(err)}\n` };
     }
   }
   res.writeHead(out.status, { "Content-Type": out.contentType ?? "text/plain; charset=utf-8", "Cache-Control": "no-store" });

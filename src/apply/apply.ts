@@ -83,7 +83,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
     // After this the agent is stopped by systemd; everything is recorded already.
     deps.log.info("restarting the agent's own unit last", { unit: deps.selfUnit, reason: run.self.reason });
     await deps.systemd.queueRestart(run.self.unit).catch((err: unknown) => {
-      run.failures.push({ step: run.self as Step, error: describe(err) });
+      run.failures.push({ step: run.self as Step, error: describeError(err) });
     });
   }
   return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete };
@@ -129,7 +129,7 @@ async function execute(progress: Progress, start: AgentState, desired: Desired, 
       done.add(i);
       if (isUnitOp) await checkpoint();
     } catch (err) {
-      const error = describe(err);
+      const error = describeError(err);
       failures.push({ step, error });
       deps.log.error("step failed", { step: stepName(step), error });
       if (!isUnitOp) {
@@ -216,4 +216,3 @@ function stepName(step: Step): string {
   return step.kind === "write" || step.kind === "remove" ? `${step.kind} ${step.path}` : step.kind === "daemon-reload" ? step.kind : `${step.kind} ${step.unit}`;
 }
 
-const describe = (err: unknown) => (err instanceof Error ? describeError(err) : String(err));

@@ -41,7 +41,7 @@ export async function main(argv: string[]): Promise<number> {
       console.error(`trellis ${name}: ${err.message}`);
       return 2;
     }
-    console.error(`trellis ${name}: ${err instanceof Error ? describeError(err) : String(err)}`);
+    console.error(`trellis ${name}: ${describeError(err)}`);
     return 1;
   }
 }

@@ -13,7 +13,7 @@ import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { containerdVersion, defaultContainerdSocket } from "../host/containerd.ts";
 import type { Systemd } from "../host/systemd.ts";
-import type { EventRecorder } from "../kube/events.ts";
+import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
@@ -106,7 +106,7 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       update(c, { state: "healthy", answer, failingSince: undefined, lastError: undefined });
       return;
     } catch (err) {
-      error = errorText(err);
+      error = describeError(err);
     }
     const unit = await deps.systemd.unitStatus(c.unit);
     if (absent.has(unit.loadState)) {
@@ -136,8 +136,8 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       c.lastRestart = { at: new Date(now()).toISOString() };
       message = `${why}. Restarted ${c.unit}.`;
     } catch (err) {
-      c.lastRestart = { at: new Date(now()).toISOString(), error: errorText(err) };
-      message = `${why}. Restarting ${c.unit} failed: ${errorText(err)}`;
+      c.lastRestart = { at: new Date(now()).toISOString(), error: describeError(err) };
+      message = `${why}. Restarting ${c.unit} failed: ${describeError(err)}`;
       log.error(`could not restart ${c.unit}`, { error: err });
     }
     const node = deps.nodes.current();
@@ -203,7 +203,7 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
         runCheck(c).then(
           () => void (c.checkError = undefined),
           (err: unknown) => {
-            c.checkError = errorText(err);
+            c.checkError = describeError(err);
             log.error(`could not check ${c.component}`, { error: err });
           },
         ),
@@ -227,7 +227,7 @@ export async function kubeletHealthz(url: string, timeoutMs: number): Promise<st
     res = await fetch(url, { signal: AbortSignal.timeout(timeoutMs), redirect: "manual" });
   } catch (err) {
     const timedOut = err instanceof Error && err.name === "TimeoutError";
-    throw new Error(`GET ${url}: ${timedOut ? `no answer within ${timeoutMs} ms` : errorText(err)}`, { cause: err });
+    throw new Error(`GET ${url}: ${timedOut ? `no answer within ${timeoutMs} ms` : describeError(err)}`, { cause: err });
   }
   const body = (await res.text().catch(() => "")).trim().slice(0, 200);
   if (res.status !== 200) throw new Error(`GET ${url}: HTTP ${res.status}${body ? `: ${body}` : ""}`);
@@ -240,10 +240,3 @@ function readyOf(node: V1Node | undefined): boolean | undefined {
   return c ? c.status === "True" : undefined;
 }
 
-function nodeRef(n: V1Node): { name: string; uid: string } {
-  return { name: n.metadata?.name ?? "", uid: n.metadata?.uid ?? "" };
-}
-
-function errorText(err: unknown): string {
-  return err instanceof Error ? describeError(err) : String(err);
-}

@@ -22,7 +22,7 @@ export function startHostnameCheck(deps: HostnameCheckDeps): Controller {
     try {
       current = hostname();
     } catch (err) {
-      log.warn("could not read the hostname", { error: err instanceof Error ? describeError(err) : String(err) });
+      log.warn("could not read the hostname", { error: describeError(err) });
       return;
     }
     if (current === initial) return;

@@ -135,7 +135,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       if (stopper.signal.aborted) return;
       failures++;
       renewFailures.inc();
-      const error = err instanceof Error ? describeError(err) : String(err);
+      const error = describeError(err);
       log.warn("could not renew the Lease; trying again at the next interval", { error, failuresInARow: failures });
       const age = lastRenew === undefined ? undefined : (now() - lastRenew) / 1000;
       const fresh = age !== undefined && age <= durationSeconds;

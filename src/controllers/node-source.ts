@@ -51,7 +51,7 @@ export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logge
     } catch (err) {
       log.info("the Node is not registered yet (or not readable); looking again later", {
         hostName: opts.hostName,
-        reason: err instanceof Error ? describeError(err) : String(err),
+        reason: describeError(err),
       });
       timer = setTimeout(attempt, opts.retryMs ?? 10_000);
     }

@@ -18,7 +18,7 @@ import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
-import type { EventRecorder } from "../kube/events.ts";
+import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
 import { watchObjects } from "../kube/watch.ts";
@@ -105,7 +105,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
         pending = false;
         const started = now();
         const wait = await reconcile(why).catch(async (err: unknown) => {
-          const error = err instanceof Error ? describeError(err) : String(err);
+          const error = describeError(err);
           status.lastResult = "failed";
           status.lastError = error;
           log.error("reconcile failed", { error });
@@ -231,7 +231,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const started = now();
     // Unit jobs can take minutes: keep the 600 s lease fresh while applying.
     const renewal = gate
-      ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: err instanceof Error ? describeError(err) : String(err) })), 60_000)
+      ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: describeError(err) })), 60_000)
       : undefined;
     const outcome = await applyDesired(desired, checksum, text, {
       files: deps.files,
@@ -372,7 +372,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     try {
       await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
     } catch (err) {
-      log.warn("could not set the Node condition", { condition: conditionType, error: err instanceof Error ? describeError(err) : String(err) });
+      log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) });
     }
   }
 
@@ -396,8 +396,4 @@ export function startOscController(deps: OscControllerDeps): OscController {
       await running;
     },
   };
-}
-
-function nodeRef(n: V1Node): { name: string; uid: string } {
-  return { name: n.metadata?.name ?? "", uid: n.metadata?.uid ?? "" };
 }

@@ -11,7 +11,7 @@ import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubern
 import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { rethrow } from "../kube/errors.ts";
-import type { EventRecorder } from "../kube/events.ts";
+import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource } from "./types.ts";
 
@@ -82,7 +82,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       return;
     }
     if (value !== handled?.value) {
-      handled = { value, node: { name: node.metadata?.name ?? "", uid: node.metadata?.uid ?? "" }, restartSelf: false, removed: false, failures: 0 };
+      handled = { value, node: nodeRef(node), restartSelf: false, removed: false, failures: 0 };
       const units = requestedUnits(value);
       log.info("restarting units on request", { annotation: restartAnnotation, units });
       for (const unit of units) {
@@ -101,7 +101,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       log.info("restarted unit on request", { unit });
       await deps.events.record({ node: request.node, type: "Normal", reason: restartEventReason, message: `Restarted ${unit} as requested by the annotation ${restartAnnotation}` });
     } catch (err) {
-      const error = err instanceof Error ? describeError(err) : String(err);
+      const error = describeError(err);
       log.error("could not restart unit on request", { unit, error });
       await deps.events.record({ node: request.node, type: "Warning", reason: restartEventReason, message: `Restarting ${unit} as requested by the annotation ${restartAnnotation} failed: ${error}` });
     }
@@ -123,7 +123,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       // Removed, replaced, or the Node deleted meanwhile: nothing is left to remove for this request.
       if (deps.nodes.current()?.metadata?.annotations?.[restartAnnotation] !== request.value) return;
       const delayMs = Math.min(retryMs * 2 ** request.failures++, 5 * 60_000);
-      log.warn("could not remove the restart annotation; trying again", { error: err instanceof Error ? describeError(err) : String(err), delayMs });
+      log.warn("could not remove the restart annotation; trying again", { error: describeError(err), delayMs });
       retry = setTimeout(() => {
         retry = undefined;
         trigger();
@@ -143,7 +143,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     await deps.events.record({ node: request.node, type: "Normal", reason: restartEventReason, message: `Restarting ${deps.selfUnit} (the agent itself) as requested by the annotation ${restartAnnotation}` });
     void deps.systemd.queueRestart(deps.selfUnit).catch(async (err: unknown) => {
       if (stopped) return; // the restart is under way, and it stopped us: its connection closed
-      const error = err instanceof Error ? describeError(err) : String(err);
+      const error = describeError(err);
       log.error("could not restart the agent's own unit", { unit: deps.selfUnit, error });
       await deps.events.record({ node: request.node, type: "Warning", reason: restartEventReason, message: `Restarting ${deps.selfUnit} (the agent itself) failed: ${error}` });
     });

@@ -73,7 +73,7 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
         }
         problems.set(c.path, undefined);
       } catch (err) {
-        const error = err instanceof Error ? describeError(err) : String(err);
+        const error = describeError(err);
         // Logged when it starts or changes, not at every check while it lasts.
         if (problems.get(c.path) !== error) log.error("could not write the token file; trying again at the next check", { path: c.path, error });
         problems.set(c.path, error);

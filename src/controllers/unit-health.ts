@@ -75,7 +75,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
 
   const loop = every(deps.config.syncPeriod, () =>
     check().catch((err: unknown) => {
-      const error = err instanceof Error ? describeError(err) : String(err);
+      const error = describeError(err);
       log.error("could not check the systemd units", { error });
       deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
     }),

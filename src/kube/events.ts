@@ -3,7 +3,7 @@
 // cluster-scoped objects go), and a repeat of the same event bumps `count` on the one already there
 // instead of adding another. Recording is best effort: a failure is logged and returned, never thrown
 // into the reconcile that wanted to report something.
-import { type CoreV1Event, CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
+import { type CoreV1Event, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
@@ -15,6 +15,11 @@ export type NodeEvent = {
   reason: string;
   message: string;
 };
+
+/** The part of a Node an event names. */
+export function nodeRef(n: V1Node): NodeEvent["node"] {
+  return { name: n.metadata?.name ?? "", uid: n.metadata?.uid ?? "" };
+}
 
 export type EventRecorder = {
   /** Resolves to the error when the event could not be recorded (it has been logged), else undefined. */

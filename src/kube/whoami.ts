@@ -2,22 +2,15 @@
 // (TLS and reachability) and a SelfSubjectReview (the credentials, as the server sees them).
 import { AuthenticationV1Api, VersionApi } from "@kubernetes/client-node";
 import { apiClient, type Kube } from "./client.ts";
-import { explainKubeError } from "./errors.ts";
+import { rethrow } from "./errors.ts";
 
 export type WhoAmI = { server: string; serverVersion: string; username: string; groups: string[] };
 
 export async function whoami(kube: Kube): Promise<WhoAmI> {
-  const ctx = (what: string) => ({ server: kube.server, caSource: kube.caSource, what });
-  const info = await apiClient(kube, VersionApi)
-    .getCode()
-    .catch((err: unknown) => {
-      throw explainKubeError(err, ctx("reading the server version"));
-    });
+  const info = await apiClient(kube, VersionApi).getCode().catch(rethrow(kube, "reading the server version"));
   const review = await apiClient(kube, AuthenticationV1Api)
     .createSelfSubjectReview({ body: { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" } })
-    .catch((err: unknown) => {
-      throw explainKubeError(err, ctx("asking who trellis is (SelfSubjectReview)"));
-    });
+    .catch(rethrow(kube, "asking who trellis is (SelfSubjectReview)"));
   const user = review.status?.userInfo;
   return { server: kube.server, serverVersion: info.gitVersion, username: user?.username ?? "", groups: user?.groups ?? [] };
 }

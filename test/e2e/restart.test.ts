@@ -4,18 +4,17 @@
 // (gardener-node-agent.service, a sleeper in the node) shows that it restarts last, after the
 // annotation is gone.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { restartAnnotation, startRestartController } from "../../src/controllers/restart.ts";
 import type { Controller, NodeSource } from "../../src/controllers/types.ts";
 import { createSystemd, type Systemd } from "../../src/host/systemd.ts";
-import type { Kube } from "../../src/kube/client.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
-import { watchObjects } from "../../src/kube/watch.ts";
 import { createLogger } from "../../src/log.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { userWithRules } from "../harness/rbac.ts";
+import { startNodeSource } from "../../src/controllers/node-source.ts";
 
 const selfUnit = "gardener-node-agent.service";
 const sleeper = (extra = "") => `[Unit]\nDescription=trellis e2e sleeper\n[Service]\n${extra}ExecStart=/bin/sleep infinity\n`;
@@ -60,7 +59,7 @@ beforeAll(async () => {
       return systemd.queueRestart(unit);
     },
   };
-  nodes = nodeSource(kube, node.name);
+  nodes = startNodeSource({ kube, hostName: node.name, log });
   await nodes.found;
   controller = startRestartController({ kube, systemd: recording, events: createEventRecorder({ kube, log }), nodes, log, selfUnit, retryMs: 200 });
 }, 180_000);
@@ -71,35 +70,6 @@ afterAll(async () => {
   systemd?.close();
   await Promise.all([node?.stop(), cluster?.stop()]);
 }, 60_000);
-
-/** The smallest NodeSource: one watch of the Node by name. */
-function nodeSource(kube: Kube, name: string): NodeSource & Controller {
-  const listeners = new Set<(n: V1Node) => void>();
-  let current: V1Node | undefined;
-  let resolveFound!: (n: V1Node) => void;
-  const found = new Promise<V1Node>((resolve) => (resolveFound = resolve));
-  const watch = watchObjects<V1Node>({
-    kube,
-    path: "/api/v1/nodes",
-    fieldSelector: `metadata.name=${name}`,
-    log,
-    onEvent: (e) => {
-      current = e.type === "DELETED" ? undefined : e.object;
-      if (!current) return;
-      resolveFound(current);
-      for (const l of listeners) l(current);
-    },
-  });
-  return {
-    current: () => current,
-    subscribe: (l) => {
-      listeners.add(l);
-      return () => listeners.delete(l);
-    },
-    found,
-    stop: () => watch.stop(),
-  };
-}
 
 const annotate = (value: string) =>
   core.patchNode({ name: node.name, body: { metadata: { annotations: { [restartAnnotation]: value } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
