@@ -83,8 +83,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const now = deps.now ?? Date.now;
   const core = apiClient(deps.kube, CoreV1Api);
   let secret: V1Secret | undefined;
-  const firstSeen = new Map<string, number>(); // checksum → when this agent first saw it (for the delay)
-  const reported = new Set<string>(); // "reason/checksum" of problems already reported as events
+  // What this agent noted about the OSC it sees now: when it first saw it (for the delay) and which
+  // problems it reported already. Replaced when the OSC changes, so nothing piles up over months.
+  let seen: { checksum: string; at: number; reported: Set<string> } | undefined;
+  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set() }));
   let failures = 0;
   let stopped = false;
   let leftoverLeaseChecked = false;
@@ -192,6 +194,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (encoded === undefined) return invalid("missing", [`${source}: has no data["${oscDataKey}"]`]);
     const text = Buffer.from(encoded, "base64").toString("utf8");
     const checksum = sha256Hex(text);
+    note(checksum);
     status.lastChecksum = checksum;
     const parsed = parseOsc(text, source);
     if (!parsed.ok) return invalid(checksum, parsed.errors);
@@ -203,7 +206,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const state = await deps.store.read();
     const current = deps.node.current();
     const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
-    if (!firstSeen.has(checksum)) firstSeen.set(checksum, now());
     if (isUpdate) {
       const hold = delayRemaining(current, checksum);
       if (hold > 0) {
@@ -284,7 +286,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       log.warn("ignoring an unparsable reconciliation delay", { annotation: annotations.reconciliationDelay, value: text });
       return 0;
     }
-    return (firstSeen.get(checksum) as number) + delay - now();
+    return note(checksum).at + delay - now();
   }
 
   async function fetchSecrets(names: string[]): Promise<Map<string, Record<string, Uint8Array> | undefined>> {
@@ -308,8 +310,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // The node keeps its last good state; the Secret's next change wakes the controller again.
     log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
     const current = deps.node.current();
-    if (current && !reported.has(`invalid/${checksum}`)) {
-      reported.add(`invalid/${checksum}`);
+    const reported = note(checksum).reported;
+    if (current && !reported.has("invalid")) {
+      reported.add("invalid");
       await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
       await setCondition(current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
     }
@@ -326,9 +329,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
     await removeBootstrapCredentials();
+    const reported = note(checksum).reported;
     for (const u of desired.unsupported) {
-      if (current && !reported.has(`unsupported/${checksum}/${u}`)) {
-        reported.add(`unsupported/${checksum}/${u}`);
+      if (current && !reported.has(`unsupported/${u}`)) {
+        reported.add(`unsupported/${u}`);
         await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
       }
     }
