@@ -2,6 +2,7 @@
 // OSC Secret's `osc.yaml`. Only the fields the agent uses are typed; unknown fields pass through so a
 // newer Gardener does not break the agent. The schema checks shapes; desired.ts checks meaning.
 import * as v from "valibot";
+import { CriConfigSchema } from "./cri-config.ts";
 
 const unitCommand = v.picklist(["start", "restart", "stop"]);
 
@@ -37,7 +38,7 @@ export const OperatingSystemConfigSchema = v.looseObject({
     purpose: v.optional(v.nullable(v.string())),
     units: v.optional(v.nullable(v.array(UnitSchema))),
     files: v.optional(v.nullable(v.array(FileSchema))),
-    criConfig: v.optional(v.nullable(v.looseObject({}))),
+    criConfig: v.optional(v.nullable(CriConfigSchema)),
   }),
   status: v.optional(
     v.nullable(

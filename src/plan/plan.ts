@@ -107,7 +107,7 @@ export function makePlan(input: PlanInput): Plan {
       const why = writeReason(disk(path), own?.sha256, u.sha256, unitFileMode);
       if (why) {
         unitFileSteps.push({ kind: "write", target: { type: "unit", unit: u.name }, path, mode: unitFileMode, sha256: u.sha256, reason: why });
-        if (own) causes.push(`unit file: ${why}`);
+        if (own && !modeOnly(why)) causes.push(`unit file: ${why}`);
         wroteUnitFile = true;
       }
     }
@@ -116,7 +116,7 @@ export function makePlan(input: PlanInput): Plan {
       const why = writeReason(disk(path), own?.dropIns[d.name], d.sha256, unitFileMode);
       if (!why) continue;
       unitFileSteps.push({ kind: "write", target: { type: "drop-in", unit: u.name, name: d.name }, path, mode: unitFileMode, sha256: d.sha256, reason: why });
-      if (own) causes.push(`drop-in ${d.name}: ${why}`);
+      if (own && !modeOnly(why)) causes.push(`drop-in ${d.name}: ${why}`);
     }
     const wanted = new Set(u.dropIns.map((d) => d.name));
     for (const name of Object.keys(own?.dropIns ?? {})) {
@@ -155,13 +155,17 @@ export function makePlan(input: PlanInput): Plan {
   };
 }
 
+// systemd reads a unit file the same whatever its mode (bootstrap writes the agent's unit 0644, the
+// OSC's units are 0600): fixing the mode alone is no reason to restart the unit.
+const modeOnly = (why: string) => why.startsWith("mode ");
+
 function writeReason(onDisk: { sha256: string; mode: number } | null, writtenSha: string | undefined, sha256: string, mode: number): string | undefined {
   if (!onDisk) return writtenSha === undefined ? "new" : "missing on disk (drift)";
   if (onDisk.sha256 !== sha256) {
     if (writtenSha === sha256) return "content on disk differs from what trellis wrote (drift)";
     return writtenSha === undefined ? "content differs from the OSC" : "content changed";
   }
-  if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}`;
+  if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}`; // keep "mode " first: modeOnly()
   return undefined;
 }
 

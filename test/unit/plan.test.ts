@@ -8,6 +8,7 @@ import { dropInPath, unitFilePath } from "../../src/api/paths.ts";
 import { emptyOwned, type Owned, type OwnedUnit } from "../../src/api/state.ts";
 import { makePlan, unitFileMode } from "../../src/plan/plan.ts";
 import { type Observed, type Plan, PlanSchema, type Step } from "../../src/plan/types.ts";
+import { prng } from "../harness/prng.ts";
 
 const SELF = "gardener-node-agent.service";
 const CHECKSUM = "5e1f0000000000000000000000000000000000000000000000000000000000ab";
@@ -283,6 +284,12 @@ describe("unit files and drop-ins", () => {
     const p = change(node(), node(), { disk: { [U("valitail.service")]: "edited" } });
     expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service", "restart valitail.service"]);
     expect(reasonOf(p, `write ${U("valitail.service")}`)).toContain("drift");
+  });
+
+  test("a unit file with the right content but another mode is fixed without restarting the unit", () => {
+    const p = change(node(), node(), { disk: { [U("valitail.service")]: "[Service]\nExecStart=/opt/bin/valitail\n" } });
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service"]);
+    expect(reasonOf(p, `write ${U("valitail.service")}`)).toBe("mode 0644 → 0600");
   });
 
   test.each<[string, UnitSpec, string[]]>([
@@ -613,30 +620,15 @@ describe("a plan is data", () => {
   test("makePlan does not modify its inputs", () => {
     const owned = ownedFrom(before);
     const disk = diskFrom(before);
-    const snapshot = JSON.stringify({ owned, disk: [...disk], after: { ...after, files: after.files.map((f) => ({ ...f, content: [...f.content] })) } });
+    const snapshot = JSON.stringify({ owned, disk: [...disk], after: { ...after, files: after.files.map((f) => ({ ...f, content: f.content instanceof Uint8Array ? [...f.content] : f.content })) } });
     plan(after, owned, observed(disk, unitsFrom(before)));
-    expect(JSON.stringify({ owned, disk: [...disk], after: { ...after, files: after.files.map((f) => ({ ...f, content: [...f.content] })) } })).toBe(snapshot);
+    expect(JSON.stringify({ owned, disk: [...disk], after: { ...after, files: after.files.map((f) => ({ ...f, content: f.content instanceof Uint8Array ? [...f.content] : f.content })) } })).toBe(snapshot);
   });
 });
 
 // ---------------------------------------------------------------------------------------------
 // Property: random OSC histories converge, and files that are neither desired nor owned are safe.
 
-function prng(seed: number) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  return {
-    chance: (p: number) => next() < p,
-    pick: <T>(xs: readonly T[]): T => xs[Math.floor(next() * xs.length)] as T,
-    subset: <T>(xs: readonly T[], p = 0.5): T[] => xs.filter(() => next() < p),
-  };
-}
 type Rng = ReturnType<typeof prng>;
 
 const POOL = {
@@ -833,7 +825,7 @@ describe("property: random OSC histories", () => {
   });
 });
 
-test("a path the OSC still declares but trellis cannot write (imageRef, for now) is never removed", () => {
+test("a path the OSC still declares but that is not written this time (a registry waiting for its probe) is never removed", () => {
   const before = desired([], [file("/opt/bin/tool", "v1")]);
   const after: Desired = { ...desired([], []), keep: ["/opt/bin/tool"] };
   expect(plan(after, ownedFrom(before), observed(diskFrom(before))).steps).toEqual([]);
