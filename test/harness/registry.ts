@@ -8,8 +8,13 @@ export interface Registry {
   /** "127.0.0.1:PORT", the registry part of image references. */
   host: string;
   pid: number;
-  /** Pushes tag `tag` of the OCI layout at `layoutDir` as REPO:TAG; returns the reference and manifest digest. */
-  push(layoutDir: string, repo: string, tag: string): Promise<{ ref: string; digest: string }>;
+  /** The filesystem storage root: blobs live under `<dataDir>/docker/registry/v2/blobs/sha256/<xx>/<hex>/data`. */
+  dataDir: string;
+  /**
+   * Pushes tag `tag` of the OCI layout at `layoutDir` as REPO:TAG; returns the reference and manifest digest.
+   * `all`: push an image index with every platform image (skopeo's default picks this machine's image).
+   */
+  push(layoutDir: string, repo: string, tag: string, opts?: { all?: boolean }): Promise<{ ref: string; digest: string }>;
   stop(): Promise<void>;
 }
 
@@ -61,10 +66,12 @@ async function startOn(port: number): Promise<Registry> {
   return {
     host,
     pid: proc.pid,
-    push: async (layoutDir, repo, tag) => {
+    dataDir: `${dir}/data`,
+    push: async (layoutDir, repo, tag, opts = {}) => {
       const ref = `${host}/${repo}:${tag}`;
       const digestFile = `${dir}/push-${Date.now()}-${Math.random().toString(36).slice(2)}.digest`;
-      await runOk(["skopeo", "copy", "-q", "--dest-tls-verify=false", "--digestfile", digestFile, `oci:${layoutDir}:${tag}`, `docker://${ref}`]);
+      const all = opts.all ? ["--all"] : [];
+      await runOk(["skopeo", "copy", "-q", ...all, "--dest-tls-verify=false", "--digestfile", digestFile, `oci:${layoutDir}:${tag}`, `docker://${ref}`]);
       const digest = readFileSync(digestFile, "utf8").trim();
       rmSync(digestFile);
       return { ref, digest };
