@@ -5,6 +5,7 @@
 import { Buffer } from "node:buffer";
 import { readFileSync } from "node:fs";
 import { CoreV1Api, type CoreV1Event, type V1Node } from "@kubernetes/client-node";
+import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { trellisBinary } from "./binary.ts";
 import type { Cluster } from "./cluster.ts";
@@ -12,16 +13,8 @@ import { freePort, waitFor } from "./exec.ts";
 import { bootNode, type Node } from "./node.ts";
 import { userWithRules } from "./rbac.ts";
 
-export const agentUnitText = `[Unit]
-Description=trellis node agent (gardener-node-agent compatible)
-After=network-online.target
-[Service]
-ExecStart=/opt/bin/gardener-node-agent --config-dir /var/lib/gardener-node-agent
-Restart=always
-RestartSec=1
-[Install]
-WantedBy=multi-user.target
-`;
+/** The unit `trellis bootstrap` writes, restarting after 1 s instead of 5 (tests restart the agent). */
+export const agentUnitText = agentUnitContent({ restartSec: 1 });
 
 export type AgentNode = { node: Node; name: string; core: CoreV1Api; healthPort: number; metricsPort: number };
 
