@@ -1,0 +1,142 @@
+// bun run image [-- --arch amd64,arm64] [--push REF] [--zstd] [--out DIR] [--version V] [--no-build] [--json]
+//
+// The OCI image of trellis: compiles the binary for each architecture (build/compile.ts), then writes
+// an OCI layout (default dist/image/, tagged with the version) holding an image index with one image
+// per architecture. Each image has ONE layer holding the binary as /gardener-node-agent (0755) — the
+// path Gardener's OperatingSystemConfig names as filePathInImage and install.sh extracts — and the
+// config Entrypoint ["/gardener-node-agent"] with version and revision labels. Nothing in it depends
+// on the time or the machine (build/oci-layout.ts), so the same binaries give the same digest.
+// --push REF copies the whole index with skopeo (plain HTTP only for a registry on localhost).
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { writeLayout } from "./oci-layout.ts";
+import { trellisImageSpec } from "./trellis-image.ts";
+
+type Arch = "amd64" | "arm64";
+const bunArch: Record<Arch, "x64" | "arm64"> = { amd64: "x64", arm64: "arm64" };
+const hostArch: Arch = process.arch === "arm64" ? "arm64" : "amd64";
+const root = resolve(new URL("..", import.meta.url).pathname);
+
+const { values } = parseArgs({
+  options: {
+    arch: { type: "string", default: "amd64" },
+    push: { type: "string" },
+    zstd: { type: "boolean", default: false },
+    out: { type: "string", default: "dist/image" },
+    // Passed to build/compile.ts (a release stamps the version it tags); the labels and the tag are
+    // then whatever the built binary reports.
+    version: { type: "string" },
+    "no-build": { type: "boolean", default: false },
+    json: { type: "boolean", default: false },
+  },
+});
+
+const arches = parseArches(values.arch);
+const out = resolve(root, values.out);
+const log = values.json ? (...args: unknown[]) => console.error(...args) : (...args: unknown[]) => console.log(...args);
+
+if (!values["no-build"]) {
+  const versionFlag = values.version ? ["--version", values.version] : [];
+  for (const arch of arches) run(process.execPath, [`${root}/build/compile.ts`, "--arch", bunArch[arch], ...versionFlag], { inherit: true });
+}
+const binaries = Object.fromEntries(arches.map((a) => [a, binaryPath(a)])) as Record<Arch, string>;
+const { version, commit } = buildInfo();
+
+const compression = values.zstd ? "zstd" : "gzip";
+const specs = arches.map((arch) => trellisImageSpec(arch, readFileSync(binaries[arch]), { version, commit }));
+// No blobs of an earlier build left behind; but only ever delete what is an image layout (or nothing).
+if (existsSync(out) && readdirSync(out).length > 0 && !existsSync(`${out}/oci-layout`)) fail(`--out ${out} exists and is not an OCI layout; not replacing it`);
+rmSync(out, { recursive: true, force: true });
+const t0 = performance.now();
+const layout = writeLayout(out, version, specs, { compression });
+const images = layout.images.map((img, i) => ({
+  platform: `linux/${arches[i]}`,
+  manifest: img.manifest.digest,
+  binaryBytes: statSync(binaries[arches[i] as Arch]).size,
+  layerBytes: img.layers[0]?.size ?? 0,
+}));
+log(`wrote ${rel(out)} (oci:${rel(out)}:${version}), trellis ${version} commit ${commit}, ${compression} layers, in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+log(`index ${layout.root.digest}`);
+for (const img of images) {
+  log(`  ${img.platform.padEnd(12)} ${img.manifest}  layer ${mib(img.layerBytes)} (${compression}) of a ${mib(img.binaryBytes)} binary`);
+}
+
+let pushed: string | undefined;
+if (values.push) pushed = push(values.push);
+if (values.json) {
+  console.log(JSON.stringify({ layout: out, tag: version, version, commit, compression, index: layout.root.digest, images, ...(pushed ? { pushed } : {}) }));
+}
+
+function parseArches(list: string): Arch[] {
+  const names: Record<string, Arch> = { amd64: "amd64", x64: "amd64", x86_64: "amd64", arm64: "arm64", aarch64: "arm64" };
+  const result: Arch[] = [];
+  for (const name of list.split(",").filter((n) => n !== "")) {
+    const arch = names[name];
+    if (!arch) fail(`--arch: unknown architecture "${name}" (want amd64 and/or arm64)`);
+    if (!result.includes(arch)) result.push(arch);
+  }
+  if (result.length === 0) fail("--arch: no architecture given");
+  // amd64 first: the index lists platforms in a fixed order whatever the flag's order, for the digest.
+  return result.sort();
+}
+
+// Where build/compile.ts puts the binary for `arch` (dist/trellis for the native x64 build).
+function binaryPath(arch: Arch): string {
+  return `${root}/dist/${arch === hostArch && arch === "amd64" ? "trellis" : `trellis-${bunArch[arch]}`}`;
+}
+
+// The labels say what the binary says about itself (version --json), so they cannot disagree with it
+// even with --no-build. A cross-only build cannot be run here: then git is asked as compile.ts does.
+function buildInfo(): { version: string; commit: string } {
+  if (arches.includes(hostArch)) {
+    const info = JSON.parse(run(binaries[hostArch], ["version", "--json"])) as { version: string; commit: string };
+    return { version: info.version, commit: info.commit };
+  }
+  const git = (...args: string[]) => spawnSync("git", args, { cwd: root, encoding: "utf8" }).stdout?.trim() ?? "";
+  const head = git("rev-parse", "HEAD");
+  const dirty = head !== "" && git("status", "--porcelain", "--untracked-files=no") !== "";
+  const pkg = JSON.parse(readFileSync(`${root}/package.json`, "utf8")) as { version: string };
+  return { version: pkg.version, commit: head === "" ? "unknown" : `${head}${dirty ? "-dirty" : ""}` };
+}
+
+function push(ref: string): string {
+  const registry = ref.split("/")[0] ?? "";
+  // TLS is verified for every registry except one on this machine (the tests' plain-HTTP registry).
+  const local = /^(127\.0\.0\.1|localhost|\[::1\])(:\d+)?$/.test(registry);
+  const dir = mkdtempSync(`${tmpdir()}/trellis-push-`);
+  try {
+    const flags = ["--all", "--preserve-digests", "--digestfile", `${dir}/digest`, ...(local ? ["--dest-tls-verify=false"] : [])];
+    run("skopeo", ["copy", ...flags, `oci:${out}:${version}`, `docker://${ref}`], { inherit: true });
+    const digest = readFileSync(`${dir}/digest`, "utf8").trim();
+    if (digest !== layout.root.digest) fail(`pushed ${ref} but the registry has digest ${digest}, not ${layout.root.digest}`);
+    // The reference install.sh wants: name[:tag]@digest.
+    const pinned = `${ref.replace(/@sha256:[0-9a-f]{64}$/, "")}@${digest}`;
+    log(`pushed ${ref}\nTRELLIS_IMAGE=${pinned}`);
+    return pinned;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function run(cmd: string, args: string[], opts: { inherit?: boolean } = {}): string {
+  const r = spawnSync(cmd, args, { cwd: root, encoding: "utf8", stdio: ["ignore", opts.inherit ? (values.json ? 2 : "inherit") : "pipe", "inherit"] });
+  if (r.error) fail(`${cmd}: ${r.error.message}`);
+  if (r.status !== 0) fail(`${cmd} ${args.join(" ")} exited ${r.status ?? r.signal}`);
+  return r.stdout ?? "";
+}
+
+function fail(message: string): never {
+  console.error(`image: ${message}`);
+  process.exit(1);
+}
+
+function rel(path: string): string {
+  return path.startsWith(`${root}/`) ? path.slice(root.length + 1) : path;
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
