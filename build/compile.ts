@@ -1,4 +1,4 @@
-// bun run build [-- --arch x64|arm64] [--outfile PATH]
+// bun run build [-- --arch x64|arm64] [--outfile PATH] [--version V]
 // Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
 // Flags and why (README "How the binary is built"): no .env/bunfig autoload (a node agent must not read ./.env from its
 // working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
@@ -11,8 +11,15 @@ import pkg from "../package.json" with { type: "json" };
 import { undiciShim } from "./shims/plugin.ts";
 
 const { values } = parseArgs({
-  options: { arch: { type: "string", default: process.arch === "arm64" ? "arm64" : "x64" }, outfile: { type: "string" } },
+  options: {
+    arch: { type: "string", default: process.arch === "arm64" ? "arm64" : "x64" },
+    outfile: { type: "string" },
+    // A release pipeline stamps the version it tags; package.json's otherwise.
+    version: { type: "string", default: pkg.version },
+  },
 });
+const version = values.version;
+if (!/^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$/.test(version)) throw new Error(`--version must be a semantic version like 1.2.3, not ${version}`);
 const arch = values.arch;
 if (arch !== "x64" && arch !== "arm64") throw new Error(`--arch must be x64 or arm64, not ${arch}`);
 const native = arch === (process.arch === "arm64" ? "arm64" : "x64");
@@ -39,7 +46,7 @@ const result = await Bun.build({
   bytecode: true,
   minify: { whitespace: true, syntax: true, identifiers: true, keepNames: true },
   external: ["x11"],
-  define: { TRELLIS_COMMIT: JSON.stringify(commit) },
+  define: { TRELLIS_COMMIT: JSON.stringify(commit), TRELLIS_VERSION: JSON.stringify(version) },
   plugins: [undiciShim(stats)],
 });
 for (const log of result.logs) console.error(String(log));
@@ -53,6 +60,6 @@ if (stats.rewritten === 0) {
   process.exit(1);
 }
 console.log(
-  `built ${outfile} (trellis ${pkg.version}, commit ${commit}, linux-${arch}) in ${Math.round(performance.now() - t0)} ms; ` +
+  `built ${outfile} (trellis ${version}, commit ${commit}, linux-${arch}) in ${Math.round(performance.now() - t0)} ms; ` +
     `undici rewritten in ${stats.rewritten} client-node modules`,
 );

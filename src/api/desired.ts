@@ -11,7 +11,9 @@ import { type OperatingSystemConfig, OperatingSystemConfigSchema, type OscFile, 
 import { dropInPath, nodePathProblem, unitFilePath } from "./paths.ts";
 
 export type UnitCommand = "start" | "restart" | "stop";
-export type DesiredFile = { path: string; mode: number; content: Uint8Array; sha256: string; origin: string };
+/** A file extracted from an image into the agent's cache: copied from there, verified by its hash. */
+export type CachedContent = { copyFrom: string; sha256: string };
+export type DesiredFile = { path: string; mode: number; content: Uint8Array | CachedContent; sha256: string; origin: string };
 export type DesiredDropIn = { name: string; content: string; sha256: string };
 export type DesiredUnit = {
   name: string;
@@ -26,9 +28,9 @@ export type DesiredUnit = {
 export type Desired = {
   units: DesiredUnit[];
   files: DesiredFile[];
-  /** Parts of the OSC trellis cannot apply yet; applied around, and reported. */
+  /** Parts of the OSC trellis cannot apply; applied around, and reported. */
   unsupported: string[];
-  /** Paths the OSC still declares but trellis cannot write (unsupported): left as they are, never removed. */
+  /** Paths the OSC still declares but that are not written this time: left as they are, never removed. */
   keep: string[];
 };
 
@@ -57,16 +59,36 @@ export function parseOsc(text: string, source: string): Result<OperatingSystemCo
   return r.success ? { ok: true, value: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
 }
 
-/** The Secrets (kube-system) that the OSC's files reference, to be fetched before resolveDesired. */
-export function secretRefsOf(osc: OperatingSystemConfig): string[] {
-  const files = [...(osc.spec.files ?? []), ...(osc.status?.extensionFiles ?? [])];
-  return [...new Set(files.flatMap((f) => (f.content.secretRef ? [f.content.secretRef.name] : [])))];
+const filesOf = (osc: OperatingSystemConfig, hostName: string) =>
+  [...(osc.spec.files ?? []), ...(osc.status?.extensionFiles ?? [])].filter((f) => f.hostName == null || f.hostName === hostName);
+
+/** The Secrets (kube-system) that the OSC's files for this host reference, to be fetched before resolveDesired. */
+export function secretRefsOf(osc: OperatingSystemConfig, hostName: string): string[] {
+  return [...new Set(filesOf(osc, hostName).flatMap((f) => (f.content.secretRef ? [f.content.secretRef.name] : [])))];
 }
+
+export type ImageFileRef = { image: string; filePathInImage: string };
+export const imageKey = (ref: ImageFileRef): string => `${ref.image}\0${ref.filePathInImage}`;
+
+/** The image files the OSC's files for this host reference, to be extracted before resolveDesired. */
+export function imageRefsOf(osc: OperatingSystemConfig, hostName: string): ImageFileRef[] {
+  const refs = new Map<string, ImageFileRef>();
+  for (const f of filesOf(osc, hostName)) {
+    const r = f.content.imageRef;
+    if (r) refs.set(imageKey(r), { image: r.image, filePathInImage: r.filePathInImage });
+  }
+  return [...refs.values()];
+}
+
+/** An image file in the agent's cache, or why it could not be had (the registry's or the verifier's words). */
+export type ImageFileResult = { ok: true; content: CachedContent; size: number } | { ok: false; error: string };
 
 export type ResolveContext = {
   hostName: string;
   /** data of kube-system Secrets by name (undefined: the Secret does not exist). */
   secrets: ReadonlyMap<string, Readonly<Record<string, Uint8Array>> | undefined>;
+  /** Extracted image files by imageKey. */
+  images: ReadonlyMap<string, ImageFileResult>;
   source: string;
 };
 
@@ -92,11 +114,11 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
       else if (earlier) fail(where, `duplicate path, also in ${earlier}`);
       else fileOrigins.set(f.path, where);
       // Decoded even when the path is wrong, so that every problem is reported at once.
-      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg), (msg) => {
-        unsupported.push(`${where}: ${msg}`);
-        keep.push(f.path);
-      });
-      if (content && !problem && !earlier) files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256: sha256Hex(content), origin: where });
+      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg));
+      if (content && !problem && !earlier) {
+        const sha256 = content instanceof Uint8Array ? sha256Hex(content) : content.sha256;
+        files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256, origin: where });
+      }
     });
   }
 
@@ -157,17 +179,18 @@ function mergeUnits(spec: OscUnit[], status: OscUnit[], fail: Fail): DesiredUnit
   return [...out.values()];
 }
 
-function decodeContent(
-  f: OscFile,
-  ctx: ResolveContext,
-  fail: (field: string, msg: string) => void,
-  unsupported: (msg: string) => void,
-): Uint8Array | undefined {
+function decodeContent(f: OscFile, ctx: ResolveContext, fail: (field: string, msg: string) => void): Uint8Array | CachedContent | undefined {
   const { inline, secretRef, imageRef } = f.content;
   const given = [inline && "inline", secretRef && "secretRef", imageRef && "imageRef"].filter(Boolean);
   if (given.length !== 1) {
     fail(given.length ? given.join("+") : "inline", `exactly one of inline, secretRef, imageRef is required (got ${given.length ? given.join(", ") : "none"})`);
     return undefined;
+  }
+  if (imageRef) {
+    const got = ctx.images.get(imageKey(imageRef));
+    if (!got) fail("imageRef", `${imageRef.image} (${imageRef.filePathInImage}) was not fetched`);
+    else if (!got.ok) fail("imageRef", got.error);
+    return got?.ok ? got.content : undefined;
   }
   let data: Uint8Array | undefined;
   if (inline) data = decodeInline(inline.encoding, inline.data, fail);
@@ -176,8 +199,6 @@ function decodeContent(
     if (!secret) fail("secretRef", `secret kube-system/${secretRef.name} not found`);
     else if (!Object.hasOwn(secret, secretRef.dataKey)) fail("secretRef", `secret kube-system/${secretRef.name} has no key "${secretRef.dataKey}"`);
     else data = secret[secretRef.dataKey];
-  } else if (imageRef) {
-    unsupported(`imageRef files (${imageRef.image}, ${imageRef.filePathInImage}) are not supported yet; the file is left as it is`);
   }
   if (data && data.byteLength > maxFileBytes) {
     fail(inline ? "inline.data" : "secretRef", `content is ${data.byteLength} bytes, more than the limit of ${maxFileBytes}`);

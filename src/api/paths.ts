@@ -14,6 +14,10 @@ export const paths = {
   zone: `${baseDir}/zone`,
   lastAppliedOsc: `${baseDir}/last-applied-osc.yaml`,
   binaryDir: "/opt/bin",
+  /** Files extracted from images (imageRef), by content hash. */
+  imageCache: `${baseDir}/trellis/images`,
+  /** containerd's per-registry hosts.toml directories: the mirrors trellis pulls through too. */
+  containerdHostsDir: "/etc/containerd/certs.d",
 } as const;
 
 /** The agent's own unit: the name gardener-node-agent uses, so Gardener's OSC restarts trellis. */

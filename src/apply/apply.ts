@@ -11,10 +11,11 @@ import { dirname } from "node:path";
 import type { Desired } from "../api/desired.ts";
 import { dropInDir } from "../api/paths.ts";
 import type { AgentState, Owned, Progress } from "../api/state.ts";
-import type { Files } from "../host/files.ts";
+import type { FileContent, Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import type { Logger } from "../log.ts";
 import { describeError } from "../log.ts";
+import { certsDir } from "../plan/containerd.ts";
 import { ownedAfter, settleOwned } from "../plan/owned.ts";
 import type { Plan, Step } from "../plan/types.ts";
 import { planForNode } from "./observe.ts";
@@ -149,6 +150,9 @@ async function runStep(step: Step, desired: Desired, deps: ApplyDeps): Promise<v
     case "remove":
       await deps.files.remove(step.path);
       if (step.target.type === "drop-in") await deps.files.removeDirIfEmpty(dropInDir(step.target.unit));
+      // A registry removed from the OSC takes its certs.d directory along (containerd would still
+      // consult an empty one); CA files another tool put there keep it.
+      if (dirname(dirname(step.path)) === certsDir) await deps.files.removeDirIfEmpty(dirname(step.path));
       return;
     case "daemon-reload":
       return deps.systemd.daemonReload();
@@ -165,7 +169,7 @@ async function runStep(step: Step, desired: Desired, deps: ApplyDeps): Promise<v
   }
 }
 
-function contentFor(step: Extract<Step, { kind: "write" }>, desired: Desired): Uint8Array | string {
+function contentFor(step: Extract<Step, { kind: "write" }>, desired: Desired): FileContent {
   const t = step.target;
   const content =
     t.type === "file"

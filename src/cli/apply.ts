@@ -26,9 +26,9 @@ export async function run(args: string[]): Promise<number> {
     return 0;
   }
   if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
-  const input = readOscFile(values.osc, values.hostname);
   const log = createLogger();
   const files = createFiles("/");
+  const input = await readOscFile(values.osc, files, log, values.hostname);
   const systemd = createSystemd({ log });
   try {
     const outcome = await applyDesired(input.desired, input.checksum, input.text, { files, systemd, store: createStateStore(files), log, selfUnit: agentUnit });

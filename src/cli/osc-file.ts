@@ -1,11 +1,17 @@
 // Reads an OSC for `trellis plan`/`apply` from a file: the OperatingSystemConfig YAML itself, or the
-// OSC Secret as `kubectl get secret -o yaml` prints it (data["osc.yaml"], base64).
+// OSC Secret as `kubectl get secret -o yaml` prints it (data["osc.yaml"], base64), and resolves it for
+// this machine the way the agent does. Without a cluster there are no Secrets to read: secretRef files
+// are reported as missing. imageRef files are pulled through the machine's containerd mirrors.
 import { Buffer } from "node:buffer";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { parse as parseYaml } from "yaml";
-import { type Desired, parseOsc, resolveDesired, sha256Hex } from "../api/desired.ts";
-import { oscDataKey } from "../api/paths.ts";
+import { type Desired, parseOsc, sha256Hex } from "../api/desired.ts";
+import { oscDataKey, paths } from "../api/paths.ts";
+import { desiredForNode } from "../apply/desired-for-node.ts";
+import type { Files } from "../host/files.ts";
+import { archOf, createImageStore } from "../host/registry/store.ts";
+import type { Logger } from "../log.ts";
 
 export class OscInputError extends Error {
   override name = "OscInputError";
@@ -13,7 +19,7 @@ export class OscInputError extends Error {
 
 export type OscInput = { text: string; checksum: string; desired: Desired };
 
-export function readOscFile(path: string, host = hostname()): OscInput {
+export async function readOscFile(path: string, files: Files, log: Logger, host = hostname()): Promise<OscInput> {
   let text = readFileSync(path, "utf8");
   const doc = safeYaml(text);
   if (isSecret(doc)) {
@@ -23,8 +29,9 @@ export function readOscFile(path: string, host = hostname()): OscInput {
   }
   const parsed = parseOsc(text, path);
   if (!parsed.ok) throw new OscInputError(parsed.errors.join("\n"));
-  // Without a cluster there are no Secrets to read: secretRef files are reported as missing.
-  const resolved = resolveDesired(parsed.value, { hostName: host, secrets: new Map(), source: path });
+  const under = (p: string) => (files.root === "/" ? p : files.root + p);
+  const images = createImageStore({ cacheDir: under(paths.imageCache), hostsDir: under(paths.containerdHostsDir), arch: archOf(process.arch), log });
+  const resolved = await desiredForNode(parsed.value, path, { files, hostName: host, images, log });
   if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
   return { text, checksum: sha256Hex(text), desired: resolved.value };
 }

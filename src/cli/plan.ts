@@ -4,6 +4,7 @@ import { planForNode } from "../apply/observe.ts";
 import { createStateStore } from "../apply/state-store.ts";
 import { createFiles } from "../host/files.ts";
 import { createSystemd, SystemdError } from "../host/systemd.ts";
+import { createLogger } from "../log.ts";
 import { renderPlan } from "../plan/render.ts";
 import { UsageError } from "./errors.ts";
 import { readOscFile } from "./osc-file.ts";
@@ -31,8 +32,8 @@ export async function run(args: string[]): Promise<number> {
     return 0;
   }
   if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
-  const input = readOscFile(values.osc, values.hostname);
   const files = createFiles(values.root);
+  const input = await readOscFile(values.osc, files, createLogger({ level: "error" }), values.hostname);
   const state = await createStateStore(files).read();
   const systemd = values.root === "/" ? createSystemd({ callTimeoutMs: 5_000 }) : undefined;
   try {

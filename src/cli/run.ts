@@ -1,11 +1,13 @@
 // `trellis run` (also `trellis` with flags only, as gardener-node-agent is started): the agent. Reads
 // the NodeAgentConfiguration, connects, and runs the controllers until SIGTERM/SIGINT or until the
 // hostname changes (then it exits so that systemd starts it again under the new name).
-import { existsSync } from "node:fs";
+import { existsSync, realpathSync } from "node:fs";
 import { hostname } from "node:os";
+import { resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { agentUnit } from "../api/paths.ts";
+import { agentUnit, paths } from "../api/paths.ts";
 import { createStateStore } from "../apply/state-store.ts";
+import { startCertificateController } from "../controllers/certificate.ts";
 import { startHealthController } from "../controllers/health.ts";
 import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
@@ -16,6 +18,7 @@ import { startTokenController } from "../controllers/token.ts";
 import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
+import { archOf, createImageStore } from "../host/registry/store.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
@@ -70,7 +73,7 @@ export async function run(args: string[]): Promise<number> {
   });
   const node = startNodeSource({ kube, hostName, log });
   let stopFor: (reason: string) => void = () => {};
-  const stopRequested = new Promise<string>((resolve) => (stopFor = resolve));
+  const stopRequested = new Promise<string>((done) => (stopFor = done));
 
   const running: Controller[] = [
     node,
@@ -89,6 +92,9 @@ export async function run(args: string[]): Promise<number> {
       syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
       hostName,
       selfUnit: agentUnit,
+      selfBinary: realpathSync(process.execPath),
+      configDir: resolve(values["config-dir"]),
+      images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
       bootstrapTokenInUse: connection.kind === "token-file",
     }),
     startLeaseController({ kube, node, log, metrics, status }),
@@ -97,6 +103,10 @@ export async function run(args: string[]): Promise<number> {
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
+    // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
+    ...(connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
+      ? [startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })]
+      : []),
   ];
   for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
   const reason = await stopRequested;

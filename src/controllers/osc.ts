@@ -9,12 +9,15 @@
 // instead of rolling on to the next node.
 import { Buffer } from "node:buffer";
 import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
-import { type Desired, parseOsc, resolveDesired, secretRefsOf, sha256Hex } from "../api/desired.ts";
+import { type Desired, parseOsc, sha256Hex } from "../api/desired.ts";
 import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { type ApplyOutcome, applyDesired } from "../apply/apply.ts";
+import { desiredForNode, type SecretData } from "../apply/desired-for-node.ts";
+import { checkSelfUpdate } from "../apply/self-update.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
+import type { ImageStore } from "../host/registry/store.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
@@ -57,6 +60,10 @@ export type OscControllerDeps = {
   syncPeriodMs: number;
   hostName: string;
   selfUnit: string;
+  /** Node path of the agent's own binary, and its --config-dir: an OSC replacing the binary is checked first. */
+  selfBinary: string;
+  configDir: string;
+  images: ImageStore;
   /** The agent itself authenticates with the bootstrap token (no kubeconfig yet): it must stay. */
   bootstrapTokenInUse: boolean;
   now?: () => number;
@@ -78,6 +85,9 @@ export type OscController = {
 
 type Wait = { atMs: number; why: string };
 
+/** A registry mirror waiting for its readiness probe is probed again this often. */
+const registryProbeRetryMs = 10_000;
+
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
   const now = deps.now ?? Date.now;
@@ -89,6 +99,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set() }));
   let failures = 0;
   let stopped = false;
+  // A long image download must not hold up the agent's shutdown.
+  const stopping = new AbortController();
   let leftoverLeaseChecked = false;
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
@@ -198,10 +210,21 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.lastChecksum = checksum;
     const parsed = parseOsc(text, source);
     if (!parsed.ok) return invalid(checksum, parsed.errors);
-    const refs = await fetchSecrets(secretRefsOf(parsed.value));
-    const resolved = resolveDesired(parsed.value, { hostName: deps.hostName, secrets: refs, source });
-    if (!resolved.ok) return invalid(checksum, resolved.errors);
+    const resolved = await desiredForNode(parsed.value, source, {
+      files: deps.files,
+      hostName: deps.hostName,
+      readSecret,
+      images: deps.images,
+      log,
+      signal: stopping.signal,
+    });
+    if (!resolved.ok) {
+      const wait = await invalid(checksum, resolved.errors);
+      return resolved.retry ? retryWait("an image could not be fetched") : wait;
+    }
     const desired = resolved.value;
+    const selfUpdateProblem = await checkSelfUpdate(desired, { files: deps.files, selfBinary: deps.selfBinary, configDir: deps.configDir });
+    if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
 
     const state = await deps.store.read();
     const current = deps.node.current();
@@ -261,8 +284,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.lastError = undefined;
     for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
     appliedChecksum = checksum;
+    await pruneImages(desired);
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
     await reportSuccess(current, checksum, desired, outcome).finally(() => gate?.release());
+    if (resolved.waitingFor.length > 0) {
+      log.info("applied without the registries still waiting for their readiness probe", { registries: resolved.waitingFor });
+      return { atMs: now() + registryProbeRetryMs, why: "registry readiness probe" };
+    }
     return periodic();
   }
 
@@ -289,19 +317,21 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return note(checksum).at + delay - now();
   }
 
-  async function fetchSecrets(names: string[]): Promise<Map<string, Record<string, Uint8Array> | undefined>> {
-    const out = new Map<string, Record<string, Uint8Array> | undefined>();
-    for (const name of names) {
-      try {
-        const s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
-        out.set(name, Object.fromEntries(Object.entries(s.data ?? {}).map(([k, v]) => [k, new Uint8Array(Buffer.from(v, "base64"))])));
-      } catch (err) {
-        const e = explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Secret kube-system/${name}` });
-        if (e.reason !== "not-found") throw e;
-        out.set(name, undefined);
-      }
+  async function readSecret(name: string): Promise<SecretData | undefined> {
+    try {
+      const s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
+      return Object.fromEntries(Object.entries(s.data ?? {}).map(([k, v]) => [k, new Uint8Array(Buffer.from(v, "base64"))]));
+    } catch (err) {
+      const e = explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Secret kube-system/${name}` });
+      if (e.reason !== "not-found") throw e;
+      return undefined;
     }
-    return out;
+  }
+
+  // Extracted files the applied OSC no longer uses would fill the disk over many updates.
+  async function pruneImages(desired: Desired): Promise<void> {
+    const keep = new Set(desired.files.flatMap((f) => (f.content instanceof Uint8Array ? [] : [f.sha256])));
+    await deps.images.prune(keep).catch((err: unknown) => log.warn("could not prune the image cache", { error: describeError(err) }));
   }
 
   async function invalid(checksum: string, errors: string[]): Promise<Wait> {
@@ -394,6 +424,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     synced,
     stop: async () => {
       stopped = true;
+      stopping.abort(new Error("the agent is stopping"));
       if (timer) clearTimeout(timer);
       unsubscribe();
       await secretWatch.stop();

@@ -9,6 +9,9 @@ import { nodePathProblem } from "../api/paths.ts";
 
 export type FileKind = "file" | "dir" | "symlink" | "other";
 
+/** What writeAtomic writes: bytes, text, or a copy of another node file that must have this sha256. */
+export type FileContent = Uint8Array | string | { copyFrom: string; sha256: string };
+
 export type FileStat = {
   /** Permission bits only (setuid, setgid and sticky included). */
   mode: number;
@@ -28,8 +31,10 @@ export interface Files {
   /**
    * Atomic replace with exactly `mode` whatever the umask; the new file is owned by this process's user.
    * Missing parent directories are created with mode 0755. A directory at `path` is a FileError.
+   * Content may be copied from another node path (large files extracted from images), verified against
+   * its sha256 while copying so a damaged source is never installed.
    */
-  writeAtomic(path: string, content: Uint8Array | string, mode: number): Promise<void>;
+  writeAtomic(path: string, content: FileContent, mode: number): Promise<void>;
   /** Removes a file or symlink (not a directory); false if it was not there. */
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
@@ -123,6 +128,26 @@ async function hashHandle(fh: FileHandle): Promise<string> {
     const { bytesRead } = await fh.read(buf, 0, buf.length, null);
     if (bytesRead === 0) return hash.digest("hex");
     hash.update(buf.subarray(0, bytesRead));
+  }
+}
+
+// Streamed in 1 MiB chunks (binaries of 100 MB and more), hashing what was copied.
+async function copyVerified(to: FileHandle, sourceHost: string, source: string, sha256: string): Promise<void> {
+  const from = await open(sourceHost, "r");
+  try {
+    const hash = createHash("sha256");
+    const buf = new Uint8Array(1 << 20);
+    for (;;) {
+      const { bytesRead } = await from.read(buf, 0, buf.length, null);
+      if (bytesRead === 0) break;
+      const chunk = buf.subarray(0, bytesRead);
+      hash.update(chunk);
+      await to.write(chunk);
+    }
+    const got = hash.digest("hex");
+    if (got !== sha256) throw new Error(`source ${source} has sha256 ${got}, expected ${sha256}`);
+  } finally {
+    await from.close();
   }
 }
 
@@ -225,11 +250,13 @@ export function createFiles(rootDir = "/"): Files {
     return fail(op, path, reason, err);
   }
 
-  async function fillTemp(op: string, path: string, temp: string, content: Uint8Array | string, mode: number): Promise<void> {
+  async function fillTemp(op: string, path: string, temp: string, content: FileContent, mode: number): Promise<void> {
+    const source = typeof content === "object" && "copyFrom" in content ? await locate(op, content.copyFrom, true) : undefined;
     const fh = await createTemp(op, path, temp);
     let failure: unknown;
     try {
-      await fh.writeFile(content);
+      if (typeof content === "object" && "copyFrom" in content) await copyVerified(fh, source as string, content.copyFrom, content.sha256);
+      else await fh.writeFile(content);
       await fh.chmod(mode); // after writing: a write by a non-root user would clear setuid/setgid
       await fh.sync();
     } catch (err) {

@@ -1,7 +1,20 @@
 // From an OSC to the node's desired state (src/api/desired.ts): what a user sees when the OSC is good,
 // and the error lines they get when it is not. Every error names the OSC source and the field.
 import { describe, expect, test } from "bun:test";
-import { type Desired, type DesiredUnit, defaultFileMode, maxFileBytes, parseOsc, resolveDesired, secretRefsOf, sha256Hex } from "../../src/api/desired.ts";
+import {
+  type CachedContent,
+  type Desired,
+  type DesiredUnit,
+  defaultFileMode,
+  type ImageFileResult,
+  imageKey,
+  imageRefsOf,
+  maxFileBytes,
+  parseOsc,
+  resolveDesired,
+  secretRefsOf,
+  sha256Hex,
+} from "../../src/api/desired.ts";
 import type { OperatingSystemConfig } from "../../src/api/osc.ts";
 
 const SOURCE = "secret kube-system/gardener-node-agent-worker-1a2b";
@@ -12,7 +25,12 @@ type Secrets = Map<string, Record<string, Uint8Array> | undefined>;
 type Doc = { spec?: Record<string, unknown>; status?: Record<string, unknown> };
 
 const bytes = (s: string) => new TextEncoder().encode(s);
-const text = (b: Uint8Array) => new TextDecoder().decode(b);
+const inBytes = (c: Uint8Array | CachedContent | undefined): Uint8Array => {
+  if (!(c instanceof Uint8Array)) throw new Error(`expected inline bytes, got ${JSON.stringify(c)}`);
+  return c;
+};
+const text = (c: Uint8Array | CachedContent) => new TextDecoder().decode(inBytes(c));
+type Images = Map<string, ImageFileResult>;
 
 /** An OSC document (JSON is YAML) with the right apiVersion and kind. */
 const oscText = (doc: Doc) =>
@@ -24,7 +42,8 @@ function parsed(doc: Doc): OperatingSystemConfig {
   return r.value;
 }
 
-const resolve = (doc: Doc, secrets: Secrets = new Map(), hostName = HOST) => resolveDesired(parsed(doc), { hostName, secrets, source: SOURCE });
+const resolve = (doc: Doc, secrets: Secrets = new Map(), hostName = HOST, images: Images = new Map()) =>
+  resolveDesired(parsed(doc), { hostName, secrets, images, source: SOURCE });
 
 function ok(doc: Doc, secrets?: Secrets, hostName?: string): Desired {
   const r = resolve(doc, secrets, hostName);
@@ -90,7 +109,7 @@ status:
     if (!r.ok) throw new Error(r.errors.join("\n"));
     expect(r.value.spec.units).toHaveLength(2);
     expect(r.value.spec.files?.[0]?.permissions).toBe(0o644);
-    const d = resolveDesired(r.value, { hostName: HOST, secrets: new Map(), source: SOURCE });
+    const d = resolveDesired(r.value, { hostName: HOST, secrets: new Map(), images: new Map(), source: SOURCE });
     if (!d.ok) throw new Error(d.errors.join("\n"));
     expect(d.value.files.map((f) => [f.path, f.mode, text(f.content)])).toEqual([
       ["/var/lib/kubelet/config/kubelet", 0o644, "kind: KubeletConfiguration\n"],
@@ -153,7 +172,7 @@ status:
         if (!r.ok) throw new Error(r.errors.join("\n"));
         return r.value;
       })(),
-      { hostName: HOST, secrets: new Map(), source: SOURCE },
+      { hostName: HOST, secrets: new Map(), images: new Map(), source: SOURCE },
     );
     if (!d.ok) throw new Error(d.errors.join("\n"));
     expect(d.value.units).toEqual([{ name: "a.service", enable: true, dropIns: [], filePaths: [] }]);
@@ -171,7 +190,22 @@ status:
       },
       status: { extensionFiles: [{ path: "/d", content: { secretRef: { name: "s2", dataKey: "d" } } }] },
     });
-    expect(secretRefsOf(osc)).toEqual(["s1", "s2"]);
+    expect(secretRefsOf(osc, HOST)).toEqual(["s1", "s2"]);
+  });
+
+  test("secretRefsOf and imageRefsOf skip files meant for other hosts", () => {
+    const osc = parsed({
+      spec: {
+        files: [
+          { path: "/a", hostName: "other", content: { secretRef: { name: "s1", dataKey: "a" } } },
+          { path: "/b", hostName: "other", content: { imageRef: { image: "r/i:1", filePathInImage: "/b" } } },
+          { path: "/c", content: { imageRef: { image: "r/i:1", filePathInImage: "/c" } } },
+          { path: "/d", hostName: HOST, content: { imageRef: { image: "r/i:1", filePathInImage: "/c" } } },
+        ],
+      },
+    });
+    expect(secretRefsOf(osc, HOST)).toEqual([]);
+    expect(imageRefsOf(osc, HOST)).toEqual([{ image: "r/i:1", filePathInImage: "/c" }]);
   });
 });
 
@@ -196,7 +230,7 @@ describe("file content", () => {
   test("binary base64 content is kept byte for byte", () => {
     const raw = new Uint8Array([0, 1, 2, 254, 255, 10, 13]);
     const d = ok({ spec: { files: [{ path: "/opt/bin/blob", content: inline(Buffer.from(raw).toString("base64"), "b64") }] } });
-    expect([...(d.files[0]?.content ?? [])]).toEqual([...raw]);
+    expect([...inBytes(d.files[0]?.content)]).toEqual([...raw]);
   });
 
   test("an unknown encoding is an error naming content.inline.encoding", () => {
@@ -244,19 +278,28 @@ describe("file content", () => {
     expect(e).toContain(`no key "${key}"`);
   });
 
-  test("an imageRef file is listed as unsupported, is not an error, and is not written", () => {
-    const d = ok({
-      spec: {
-        files: [
-          { path: "/opt/bin/kubelet", permissions: 0o755, content: { imageRef: { image: "registry/hyperkube:v1.35.4", filePathInImage: "/kubelet" } } },
-          file("/etc/x"),
-        ],
-      },
-    });
-    expect(d.files.map((f) => f.path)).toEqual(["/etc/x"]);
-    expect(d.unsupported).toHaveLength(1);
-    expect(d.unsupported[0]).toContain("spec.files[0] (/opt/bin/kubelet)");
-    expect(d.unsupported[0]).toContain("registry/hyperkube:v1.35.4");
+  const kubeletRef = { image: "registry/hyperkube:v1.35.4", filePathInImage: "/kubelet" };
+  const kubeletFile = { path: "/opt/bin/kubelet", permissions: 0o755, content: { imageRef: kubeletRef } };
+
+  test("an imageRef file is copied from the image cache, with its hash and mode", () => {
+    const cached = { copyFrom: "/var/lib/gardener-node-agent/trellis/images/blobs/sha256/ab", sha256: "ab".repeat(32) };
+    const images: Images = new Map([[imageKey(kubeletRef), { ok: true, content: cached, size: 10 }]]);
+    const r = resolve({ spec: { files: [kubeletFile, file("/etc/x")] } }, new Map(), HOST, images);
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.value.files[0]).toEqual({ path: "/opt/bin/kubelet", mode: 0o755, content: cached, sha256: cached.sha256, origin: "spec.files[0] (/opt/bin/kubelet)" });
+    expect(r.value.unsupported).toEqual([]);
+  });
+
+  test("an image that could not be fetched is an error naming the file and the image's problem", () => {
+    const images: Images = new Map([[imageKey(kubeletRef), { ok: false, error: "registry/hyperkube:v1.35.4: manifest unknown" }]]);
+    const r = resolve({ spec: { files: [kubeletFile] } }, new Map(), HOST, images);
+    expect(r).toEqual({ ok: false, errors: [`${SOURCE}: spec.files[0] (/opt/bin/kubelet).content.imageRef: registry/hyperkube:v1.35.4: manifest unknown`] });
+  });
+
+  test("an image file nobody fetched is an error, never an empty file", () => {
+    const e = theError({ spec: { files: [kubeletFile] } });
+    expect(e).toContain("content.imageRef");
+    expect(e).toContain("was not fetched");
   });
 
   test.each([
@@ -285,7 +328,7 @@ describe("file content", () => {
 
   test("content exactly at the size limit is accepted", () => {
     const d = ok({ spec: { files: [{ path: "/etc/big", content: inline("x".repeat(maxFileBytes)) }] } });
-    expect(d.files[0]?.content.byteLength).toBe(maxFileBytes);
+    expect(inBytes(d.files[0]?.content).byteLength).toBe(maxFileBytes);
   });
 
   test("Secret content above the size limit is an error naming content.secretRef", () => {
@@ -571,11 +614,6 @@ describe("all problems together", () => {
   test("one bad file among good ones still means nothing is applied", () => {
     const r = resolve({ spec: { units: [{ name: "a.service", content: "x" }], files: [file("/a"), file("/b"), { path: "/c", content: inline("!", "b64") }] } });
     expect(r.ok).toBe(false);
-  });
-
-  test("unsupported parts do not make the result fail", () => {
-    const r = resolve({ spec: { files: [{ path: "/opt/bin/x", content: { imageRef: { image: "i", filePathInImage: "/x" } } }] } });
-    expect(r.ok).toBe(true);
   });
 
   test("resolving is deterministic", () => {

@@ -1,0 +1,118 @@
+// From a parsed OSC to this node's desired state: fetch what the OSC only points at (kube-system
+// Secrets, files inside images, containerd's current configuration, registry readiness), then resolve
+// it all without further I/O. Shared by the agent and by `trellis plan`/`apply`, so they agree.
+import { relative } from "node:path";
+import {
+  type Desired,
+  type ImageFileResult,
+  imageKey,
+  imageRefsOf,
+  resolveDesired,
+  secretRefsOf,
+} from "../api/desired.ts";
+import { managesContainerd, type RegistryConfig } from "../api/cri-config.ts";
+import type { OperatingSystemConfig } from "../api/osc.ts";
+import { containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-defaults.ts";
+import type { Files } from "../host/files.ts";
+import type { ImageStore } from "../host/registry/store.ts";
+import { describeError, type Logger } from "../log.ts";
+import { containerdConfigFile, containerdDesired, hostsTomlPath } from "../plan/containerd.ts";
+import { withContainerd } from "../plan/with-containerd.ts";
+
+export type SecretData = Readonly<Record<string, Uint8Array>>;
+
+export type NodeInputs = {
+  files: Files;
+  hostName: string;
+  /** Reads kube-system Secrets (undefined: not found). Without a cluster: none exist. */
+  readSecret?: (name: string) => Promise<SecretData | undefined>;
+  /** Where imageRef files come from. */
+  images: ImageStore;
+  log: Logger;
+  /** Aborts image downloads (the agent is stopping). */
+  signal?: AbortSignal;
+};
+
+/** At most this many images are fetched at once: enough to overlap round trips, few enough for a small node. */
+const imageConcurrency = 4;
+
+/**
+ * `retry`: an image could not be fetched, which a registry coming back can fix without an OSC change.
+ * `waitingFor`: registries whose mirrors did not pass their readiness probe yet (applied without them).
+ */
+export type NodeDesired = { ok: true; value: Desired; waitingFor: string[] } | { ok: false; errors: string[]; retry: boolean };
+
+/** How long a registry's readiness probe may take per host. */
+const probeTimeoutMs = 5_000;
+
+export async function desiredForNode(osc: OperatingSystemConfig, source: string, inputs: NodeInputs): Promise<NodeDesired> {
+  const secrets = new Map<string, SecretData | undefined>();
+  for (const name of secretRefsOf(osc, inputs.hostName)) secrets.set(name, await inputs.readSecret?.(name));
+  const cd = await containerdFor(osc, `${source}: spec.criConfig`, inputs);
+  if (cd && !cd.ok) return { ok: false, errors: cd.errors, retry: false };
+  // The OSC's own mirrors serve its images, also on the first apply that writes them.
+  const hostsToml = new Map(cd?.value.hostsFiles.map((h) => [h.upstream, h.content]));
+  const images = await fetchImages(osc, inputs, hostsToml);
+  const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source });
+  if (!resolved.ok) return { ...resolved, retry: [...images.values()].some((i) => !i.ok) };
+  if (!cd) {
+    const other = osc.spec.criConfig?.name;
+    // Like gardener-node-agent, trellis configures only containerd; another CRI is said, not refused.
+    const unsupported = other && other !== "containerd" ? [`${source}: spec.criConfig.name: "${other}" is not configured by trellis (only containerd is)`] : [];
+    return { ok: true, value: { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] }, waitingFor: [] };
+  }
+  const merged = withContainerd(resolved.value, cd.value, `${source}: spec.criConfig`);
+  return merged.ok ? { ...merged, waitingFor: cd.value.pendingRegistries } : { ...merged, retry: false };
+}
+
+async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
+  const cri = osc.spec.criConfig;
+  if (!managesContainerd(cri)) return undefined;
+  const current = await inputs.files.read(containerdConfigFile);
+  return containerdDesired(
+    {
+      criConfig: cri,
+      ...(current ? { current: new TextDecoder().decode(current) } : {}),
+      defaultConfig: current ? "" : (await containerdDefaultConfig({ log: inputs.log })).config,
+      readyRegistries: await readyRegistries(cri.containerd.registries ?? [], inputs),
+    },
+    where,
+  );
+}
+
+// A registry is probed until its hosts.toml was written once; after that a mirror that is briefly
+// down must not take the configuration away again.
+async function readyRegistries(registries: RegistryConfig[], inputs: NodeInputs): Promise<Set<string>> {
+  const ready = new Set<string>();
+  for (const r of registries) {
+    if (r.readinessProbe !== true) continue;
+    if (await inputs.files.stat(hostsTomlPath(r.upstream))) {
+      ready.add(r.upstream);
+      continue;
+    }
+    const probe = await probeRegistryHosts(r, probeTimeoutMs);
+    if (probe.ready) ready.add(r.upstream);
+    else inputs.log.info("registry mirror not ready yet; its hosts.toml waits", { registry: r.upstream, error: probe.error });
+  }
+  return ready;
+}
+
+async function fetchImages(osc: OperatingSystemConfig, inputs: NodeInputs, hostsToml: ReadonlyMap<string, string>): Promise<Map<string, ImageFileResult>> {
+  const out = new Map<string, ImageFileResult>();
+  const todo = imageRefsOf(osc, inputs.hostName);
+  const { images } = inputs;
+  const worker = async () => {
+    for (let ref = todo.shift(); ref; ref = todo.shift()) {
+      try {
+        const got = await images.extract(ref, { hostsToml, ...(inputs.signal ? { signal: inputs.signal } : {}) });
+        // The cache lives on the node; Files wants node paths (they differ under `plan --root`).
+        const copyFrom = `/${relative(inputs.files.root, got.blobPath)}`;
+        out.set(imageKey(ref), { ok: true, content: { copyFrom, sha256: got.sha256 }, size: got.size });
+      } catch (err) {
+        out.set(imageKey(ref), { ok: false, error: describeError(err) });
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(imageConcurrency, todo.length) }, worker));
+  return out;
+}

@@ -1,0 +1,69 @@
+// An OSC that replaces the agent's own binary must not leave the node with an agent that cannot
+// start: systemd would restart it forever and nothing would ever apply a fix. Before such an OSC is
+// applied, the new binary is run once against the configuration it will find after the apply (the
+// config files in its config dir as they are now, overlaid with the ones the OSC writes). Gardener
+// keeps one config file per agent version for this reason; the check makes it hold for any binary.
+import { execFile } from "node:child_process";
+import { basename, dirname } from "node:path";
+import type { Desired, DesiredFile } from "../api/desired.ts";
+import { paths } from "../api/paths.ts";
+import type { Files } from "../host/files.ts";
+
+export type SelfUpdateCheck = {
+  files: Files;
+  /** Node path of the running agent's binary. */
+  selfBinary: string;
+  /** The agent's --config-dir (node path). */
+  configDir: string;
+  timeoutMs?: number;
+};
+
+const configFile = /^config(-.+)?\.yaml$/;
+
+/** Undefined when the OSC leaves the binary alone or the new one reads its configuration; else why not. */
+export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck): Promise<string | undefined> {
+  const binary = desired.files.find((f) => f.path === check.selfBinary);
+  if (!binary || binary.sha256 === (await check.files.sha256(check.selfBinary))) return undefined;
+  const dir = `${paths.tempDir}/self-update-${binary.sha256.slice(0, 12)}`;
+  const configDir = `${dir}/config`;
+  try {
+    await check.files.writeAtomic(`${dir}/agent`, binary.content, 0o700);
+    for (const name of await check.files.list(check.configDir)) {
+      if (!configFile.test(name)) continue;
+      const content = await check.files.read(`${check.configDir}/${name}`);
+      if (content) await check.files.writeAtomic(`${configDir}/${name}`, content, 0o600);
+    }
+    for (const f of desired.files.filter(isConfigOf(check.configDir))) await check.files.writeAtomic(`${configDir}/${basename(f.path)}`, f.content, 0o600);
+    const hostDir = (p: string) => (check.files.root === "/" ? p : check.files.root + p);
+    const result = await run([hostDir(`${dir}/agent`), "check-config", "--config-dir", hostDir(configDir)], check.timeoutMs ?? 30_000);
+    if (result.ok) return undefined;
+    return `${binary.origin}: the new agent binary (sha256 ${binary.sha256.slice(0, 12)}) cannot start with this node's configuration, so it is not installed: ${result.output}`;
+  } finally {
+    await removeTree(check.files, dir);
+  }
+}
+
+const isConfigOf = (configDir: string) => (f: DesiredFile) => dirname(f.path) === configDir && configFile.test(basename(f.path));
+
+function run(cmd: string[], timeoutMs: number): Promise<{ ok: boolean; output: string }> {
+  return new Promise((resolve) => {
+    const failed = (err: Error, output = "") => resolve({ ok: false, output: `${err.message.split("\n")[0]}${output ? `: ${output}` : ""}` });
+    try {
+      execFile(cmd[0] as string, cmd.slice(1), { timeout: timeoutMs, maxBuffer: 1 << 20 }, (err, stdout, stderr) => {
+        const output = `${stderr}${stdout}`.trim().split("\n").slice(-5).join("\n");
+        if (err) failed(err, output);
+        else resolve({ ok: true, output });
+      });
+    } catch (err) {
+      // Bun throws an exec failure (ENOEXEC: not a binary for this machine) instead of passing it on.
+      failed(err instanceof Error ? err : new Error(String(err)));
+    }
+  });
+}
+
+async function removeTree(files: Files, dir: string): Promise<void> {
+  for (const name of await files.list(`${dir}/config`)) await files.remove(`${dir}/config/${name}`);
+  await files.removeDirIfEmpty(`${dir}/config`);
+  await files.remove(`${dir}/agent`);
+  await files.removeDirIfEmpty(dir);
+}

@@ -1,0 +1,131 @@
+// A bare machine as a cloud provider hands it over, and the cluster side of bringing it up: the user
+// data (a containerd mirror for the air-gapped registry name, the NodeAgentConfiguration, the cluster
+// CA, a bootstrap token, the machine name, install.sh), the Node kubelet would register, the agent's
+// RBAC, and the approver's hand for its CSR. Shared by the e2e test and the install benchmark.
+import { readFileSync } from "node:fs";
+import { CoreV1Api } from "@kubernetes/client-node";
+import { stringify } from "yaml";
+import { agentUnitContent } from "../../src/api/agent-unit.ts";
+import { writeLayout } from "../../build/oci-layout.ts";
+import { trellisImageSpec } from "../../build/trellis-image.ts";
+import type { AgentNode } from "./agent.ts";
+import { repoRoot } from "./binary.ts";
+import { createBootstrapToken, decideCsr, waitForCsr } from "./bootstrap.ts";
+import type { Cluster } from "./cluster.ts";
+import { freePort, runDir, runOk } from "./exec.ts";
+import { bootNode } from "./node.ts";
+import { userWithRules } from "./rbac.ts";
+import type { Registry } from "./registry.ts";
+
+/** The registry name images are referenced by: it does not resolve, only the mirror serves it. */
+export const upstream = "registry.example.invalid";
+export const agentBase = "/var/lib/gardener-node-agent";
+export const agentBinary = "/opt/bin/gardener-node-agent";
+
+const layouts = runDir("bare-node-images");
+
+/** Pushes a one-layer linux/amd64 image holding `files` as REPO:TAG (moving the tag if it exists). */
+export async function pushImage(registry: Registry, repo: string, tag: string, files: Record<string, { content: Uint8Array | string; mode: number }>): Promise<void> {
+  const dir = `${layouts}/${repo.replace(/\//g, "_")}-${tag}`;
+  writeLayout(dir, tag, { platform: { os: "linux", architecture: "amd64" }, layers: [files] }, { level: 1 });
+  await registry.push(dir, repo, tag);
+}
+
+/** Pushes the trellis image of `binary` (what build/image.ts makes) as trellis/agent:TAG. */
+export async function pushTrellis(registry: Registry, tag: string, binary: string, version: string): Promise<string> {
+  const dir = `${layouts}/trellis-${tag}`;
+  writeLayout(dir, tag, trellisImageSpec("amd64", readFileSync(binary), { version, commit: "e2e" }), { level: 1 });
+  return (await registry.push(dir, "trellis/agent", tag)).digest;
+}
+
+export type BareNode = AgentNode & { machine: string; bootstrapUser: string };
+
+/** Boots a bare node with containerd and writes its user data; the Node object and RBAC exist. */
+export async function bareNode(cluster: Cluster, registry: Registry, prefix: string, secretName: string): Promise<BareNode> {
+  const node = await bootNode(prefix, { net: "host", containerd: true });
+  const machine = `machine-${node.name}`;
+  const user = `gardener.cloud:node-agent:machine:${machine}`;
+  const core = cluster.admin().makeApiClient(CoreV1Api);
+  await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
+  await userWithRules(cluster, user, [
+    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: [secretName], verbs: ["get", "list", "watch"] }] },
+    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "create", "update"] }] },
+    { namespace: "default", rules: [{ apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] }] },
+    { rules: [{ apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] }, { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] }] },
+  ]);
+  const token = await createBootstrapToken(cluster);
+  const [healthPort, metricsPort] = [await freePort(), await freePort()];
+  await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, `server = "https://${upstream}"\n\n[host."http://${registry.host}"]\n  capabilities = ["pull", "resolve"]\n`);
+  await node.writeFile(
+    `${agentBase}/config.yaml`,
+    stringify({
+      apiVersion: "nodeagent.config.gardener.cloud/v1alpha1",
+      kind: "NodeAgentConfiguration",
+      apiServer: { server: cluster.server, caFile: `${agentBase}/cluster-ca.crt` },
+      server: { healthProbes: { port: healthPort }, metrics: { port: metricsPort } },
+      controllers: {
+        operatingSystemConfig: { secretName, kubernetesVersion: "1.35.4", syncPeriod: "15s" },
+        // Kubelet stand-ins serve no /healthz: the agent must not restart them in the middle of a test.
+        healthCheck: { kubeletFailureThreshold: "24h" },
+      },
+    }),
+    0o600,
+  );
+  await node.writeFile(`${agentBase}/cluster-ca.crt`, cluster.caPem, 0o644);
+  await node.writeFile(`${agentBase}/machine-name`, `${machine}\n`, 0o644);
+  await node.writeFile(`${agentBase}/credentials/bootstrap-token`, token.token, 0o600);
+  await node.install(`${repoRoot}/install.sh`, "/var/lib/cloud/install.sh", 0o755);
+  return { node, name: node.name, core, healthPort, metricsPort, machine, bootstrapUser: token.user };
+}
+
+/** Runs install.sh as cloud-init would, for the trellis image at `tag`, and approves the node's CSR. */
+export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string): Promise<void> {
+  const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/trellis/agent:${tag}`])).trim();
+  await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/trellis/agent:${tag}@${digest}` } });
+  const csr = await waitForCsr(cluster, `the bootstrap CSR of ${bare.name}`, (c) => c.spec.username === bare.bootstrapUser, 120_000);
+  await decideCsr(cluster, csr.metadata?.name as string, "Approved", "E2E", "approved by the test");
+}
+
+const kubeletUnit = `[Unit]
+Description=kubelet stand-in
+[Service]
+ExecStart=/bin/sh -c 'exec sleep infinity'
+[Install]
+WantedBy=multi-user.target
+`;
+
+export type BareOscOptions = { mirror: string; agentTag?: string; toolTag?: string; sandboxImage?: string; extraFile?: string };
+
+/**
+ * The OSC of a bare node, shaped like Gardener's: the agent's unit listing its binary (an imageRef file
+ * of the trellis image), a kubelet stand-in listing a tool extracted from an image, and containerd
+ * configured with the mirror.
+ */
+export function bareOsc(o: BareOscOptions): string {
+  return stringify({
+    apiVersion: "extensions.gardener.cloud/v1alpha1",
+    kind: "OperatingSystemConfig",
+    metadata: { name: "pool-e2e", namespace: "kube-system" },
+    spec: {
+      type: "debian",
+      purpose: "reconcile",
+      units: [
+        { name: "gardener-node-agent.service", enable: true, content: agentUnitContent({ restartSec: 1 }), filePaths: [agentBinary] },
+        { name: "kubelet.service", command: "start", enable: true, content: kubeletUnit, filePaths: ["/opt/bin/tool"] },
+      ],
+      files: [
+        { path: agentBinary, permissions: 0o755, content: { imageRef: { image: `${upstream}/trellis/agent:${o.agentTag ?? "v1"}`, filePathInImage: "/gardener-node-agent" } } },
+        { path: "/opt/bin/tool", permissions: 0o755, content: { imageRef: { image: `${upstream}/tools/tool:${o.toolTag ?? "v1"}`, filePathInImage: "/usr/bin/tool" } } },
+        ...(o.extraFile ? [{ path: "/etc/extra", permissions: 0o644, content: { inline: { data: o.extraFile } } }] : []),
+      ],
+      criConfig: {
+        name: "containerd",
+        cgroupDriver: "systemd",
+        containerd: {
+          sandboxImage: o.sandboxImage ?? `${upstream}/pause:3.10`,
+          registries: [{ upstream, server: `https://${upstream}`, hosts: [{ url: `http://${o.mirror}` }] }],
+        },
+      },
+    },
+  });
+}
