@@ -48,7 +48,8 @@ const probeTimeoutMs = 5_000;
 export async function desiredForNode(osc: OperatingSystemConfig, source: string, inputs: NodeInputs): Promise<NodeDesired> {
   const secrets = new Map<string, SecretData | undefined>();
   for (const name of secretRefsOf(osc, inputs.hostName)) secrets.set(name, await inputs.readSecret?.(name));
-  const cd = await containerdFor(osc, `${source}: spec.criConfig`, inputs);
+  const criWhere = `${source}: spec.criConfig`;
+  const cd = await containerdFor(osc, criWhere, inputs);
   if (cd && !cd.ok) return { ok: false, errors: cd.errors, retry: false };
   // The OSC's own mirrors serve its images, also on the first apply that writes them.
   const hostsToml = new Map(cd?.value.hostsFiles.map((h) => [h.upstream, h.content]));
@@ -61,7 +62,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
     const unsupported = other && other !== "containerd" ? [`${source}: spec.criConfig.name: "${other}" is not configured by trellis (only containerd is)`] : [];
     return { ok: true, value: { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] }, waitingFor: [] };
   }
-  const merged = withContainerd(resolved.value, cd.value, `${source}: spec.criConfig`);
+  const merged = withContainerd(resolved.value, cd.value, criWhere);
   return merged.ok ? { ...merged, waitingFor: cd.value.pendingRegistries } : { ...merged, retry: false };
 }
 

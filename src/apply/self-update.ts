@@ -7,7 +7,7 @@ import { execFile } from "node:child_process";
 import { basename, dirname } from "node:path";
 import type { Desired, DesiredFile } from "../api/desired.ts";
 import { paths } from "../api/paths.ts";
-import type { Files } from "../host/files.ts";
+import { type Files, hostPathUnder } from "../host/files.ts";
 
 export type SelfUpdateCheck = {
   files: Files;
@@ -15,6 +15,8 @@ export type SelfUpdateCheck = {
   selfBinary: string;
   /** The agent's --config-dir (node path). */
   configDir: string;
+  /** sha256 of what trellis last installed at selfBinary (its ownership record), if anything. */
+  installed?: string;
   timeoutMs?: number;
 };
 
@@ -23,7 +25,8 @@ const configFile = /^config(-.+)?\.yaml$/;
 /** Undefined when the OSC leaves the binary alone or the new one reads its configuration; else why not. */
 export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck): Promise<string | undefined> {
   const binary = desired.files.find((f) => f.path === check.selfBinary);
-  if (!binary || binary.sha256 === (await check.files.sha256(check.selfBinary))) return undefined;
+  // The binary trellis installed itself was checked then: no need to hash 100 MB on every re-check.
+  if (!binary || binary.sha256 === check.installed || binary.sha256 === (await check.files.sha256(check.selfBinary))) return undefined;
   const dir = `${paths.tempDir}/self-update-${binary.sha256.slice(0, 12)}`;
   const configDir = `${dir}/config`;
   try {
@@ -34,8 +37,8 @@ export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck):
       if (content) await check.files.writeAtomic(`${configDir}/${name}`, content, 0o600);
     }
     for (const f of desired.files.filter(isConfigOf(check.configDir))) await check.files.writeAtomic(`${configDir}/${basename(f.path)}`, f.content, 0o600);
-    const hostDir = (p: string) => (check.files.root === "/" ? p : check.files.root + p);
-    const result = await run([hostDir(`${dir}/agent`), "check-config", "--config-dir", hostDir(configDir)], check.timeoutMs ?? 30_000);
+    const host = (p: string) => hostPathUnder(check.files.root, p);
+    const result = await run([host(`${dir}/agent`), "check-config", "--config-dir", host(configDir)], check.timeoutMs ?? 30_000);
     if (result.ok) return undefined;
     return `${binary.origin}: the new agent binary (sha256 ${binary.sha256.slice(0, 12)}) cannot start with this node's configuration, so it is not installed: ${result.output}`;
   } finally {

@@ -9,7 +9,7 @@ import { parse as parseYaml } from "yaml";
 import { type Desired, parseOsc, sha256Hex } from "../api/desired.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
-import type { Files } from "../host/files.ts";
+import { type Files, hostPathUnder } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
 import type { Logger } from "../log.ts";
 
@@ -29,8 +29,12 @@ export async function readOscFile(path: string, files: Files, log: Logger, host 
   }
   const parsed = parseOsc(text, path);
   if (!parsed.ok) throw new OscInputError(parsed.errors.join("\n"));
-  const under = (p: string) => (files.root === "/" ? p : files.root + p);
-  const images = createImageStore({ cacheDir: under(paths.imageCache), hostsDir: under(paths.containerdHostsDir), arch: archOf(process.arch), log });
+  const images = createImageStore({
+    cacheDir: hostPathUnder(files.root, paths.imageCache),
+    hostsDir: hostPathUnder(files.root, paths.containerdHostsDir),
+    arch: archOf(process.arch),
+    log,
+  });
   const resolved = await desiredForNode(parsed.value, path, { files, hostName: host, images, log });
   if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
   return { text, checksum: sha256Hex(text), desired: resolved.value };

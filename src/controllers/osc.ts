@@ -223,10 +223,15 @@ export function startOscController(deps: OscControllerDeps): OscController {
       return resolved.retry ? retryWait("an image could not be fetched") : wait;
     }
     const desired = resolved.value;
-    const selfUpdateProblem = await checkSelfUpdate(desired, { files: deps.files, selfBinary: deps.selfBinary, configDir: deps.configDir });
+    const state = await deps.store.read();
+    const selfUpdateProblem = await checkSelfUpdate(desired, {
+      files: deps.files,
+      selfBinary: deps.selfBinary,
+      configDir: deps.configDir,
+      ...(state.owned.files[deps.selfBinary] ? { installed: state.owned.files[deps.selfBinary]?.sha256 } : {}),
+    });
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
 
-    const state = await deps.store.read();
     const current = deps.node.current();
     const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
     if (isUpdate) {

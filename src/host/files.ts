@@ -151,13 +151,18 @@ async function copyVerified(to: FileHandle, sourceHost: string, source: string, 
   }
 }
 
+/** The host path of node path `path` for a Files adapter whose root is `root` (as Files.root gives it). */
+export function hostPathUnder(root: string, path: string): string {
+  return root === "/" ? path : path === "/" ? root : root + path;
+}
+
 export function createFiles(rootDir = "/"): Files {
   const root = resolve(rootDir);
   // Host paths of the temp files writes in flight are filling: cleanupTemp must not pull them away.
   const inFlight = new Set<string>();
 
   const fail = (op: string, path: string, reason: string, cause?: unknown) => new FileError(op, path, reason, { cause, root });
-  const host = (path: string) => (root === "/" ? path : path === "/" ? root : root + path);
+  const host = (path: string) => hostPathUnder(root, path);
 
   /** Checks `path` and returns its host path. `follow`: the operation follows a final symlink. */
   async function locate(op: string, path: string, follow: boolean): Promise<string> {
@@ -251,12 +256,15 @@ export function createFiles(rootDir = "/"): Files {
   }
 
   async function fillTemp(op: string, path: string, temp: string, content: FileContent, mode: number): Promise<void> {
-    const source = typeof content === "object" && "copyFrom" in content ? await locate(op, content.copyFrom, true) : undefined;
+    let fill: (fh: FileHandle) => Promise<void>;
+    if (typeof content === "object" && "copyFrom" in content) {
+      const from = await locate(op, content.copyFrom, true); // a bad source path fails before any temp file exists
+      fill = (fh) => copyVerified(fh, from, content.copyFrom, content.sha256);
+    } else fill = (fh) => fh.writeFile(content);
     const fh = await createTemp(op, path, temp);
     let failure: unknown;
     try {
-      if (typeof content === "object" && "copyFrom" in content) await copyVerified(fh, source as string, content.copyFrom, content.sha256);
-      else await fh.writeFile(content);
+      await fill(fh);
       await fh.chmod(mode); // after writing: a write by a non-root user would clear setuid/setgid
       await fh.sync();
     } catch (err) {

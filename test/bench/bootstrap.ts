@@ -8,9 +8,9 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { CertificatesV1Api } from "@kubernetes/client-node";
 import { putOscSecret, waitApplied } from "../harness/agent.ts";
-import { bareNode, bareOsc, pushImage, pushTrellis, upstream } from "../harness/bare-node.ts";
+import { bareNode, bareOsc, installAndApprove, pushImage, pushTrellis } from "../harness/bare-node.ts";
 import { trellisBinary } from "../harness/binary.ts";
-import { decideCsr, grantCsrRbac, waitForCsr } from "../harness/bootstrap.ts";
+import { grantCsrRbac } from "../harness/bootstrap.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
 import { startRegistry } from "../harness/registry.ts";
@@ -22,7 +22,7 @@ const [cluster, registry] = await Promise.all([startCluster(), startRegistry()])
 try {
   await grantCsrRbac(cluster);
   const version = JSON.parse(await runOk([binary, "version", "--json"])).version as string;
-  const digest = await pushTrellis(registry, "bench", binary, version);
+  await pushTrellis(registry, "bench", binary, version);
   await pushImage(registry, "tools/tool", "v1", { "usr/bin/tool": { content: "#!/bin/sh\necho tool\n", mode: 0o755 } });
   const checksum = await putOscSecret(cluster, secretName, bareOsc({ mirror: registry.host, agentTag: "bench" }));
   const csrs = cluster.admin().makeApiClient(CertificatesV1Api);
@@ -30,12 +30,7 @@ try {
   for (let i = 0; i < runs; i++) {
     const bare = await bareNode(cluster, registry, "bench", secretName);
     try {
-      const t0 = performance.now();
-      await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/trellis/agent:bench@${digest}` } });
-      const csr = await waitForCsr(cluster, "the CSR", (c) => c.spec.username === bare.bootstrapUser, 120_000);
-      const t1 = performance.now();
-      const name = csr.metadata?.name as string;
-      await decideCsr(cluster, name, "Approved", "Bench", "approved by the benchmark");
+      const { csr: name, startedMs: t0, csrSeenMs: t1 } = await installAndApprove(cluster, registry, bare, "bench");
       await waitFor("the certificate", async () => ((await csrs.readCertificateSigningRequest({ name })).status?.certificate ? true : undefined), 60_000, 20);
       const t2 = performance.now();
       await waitApplied(bare, checksum, 120_000);

@@ -13,6 +13,7 @@ import { CoordinationV1Api, CoreV1Api, type V1CertificateSigningRequest } from "
 import { parse as parseYaml } from "yaml";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { readClientCertificate, renderKubeconfig } from "../../src/kube/csr-kubeconfig.ts";
+import { agentRules } from "../harness/agent.ts";
 import { trellisBinary } from "../harness/binary.ts";
 import { createBootstrapToken, csrApi, decideCsr, grantCsrRbac, waitForCsr } from "../harness/bootstrap.ts";
 import { issueClientCert } from "../harness/certs.ts";
@@ -42,16 +43,6 @@ afterAll(async () => {
 }, 60_000);
 
 type Prepared = { node: Node; machine: string; user: string; token: { token: string; user: string }; metricsPort: number };
-
-/** The agent's rules of docs/rbac.md for `user` (lease, Node, events, its OSC secret), so the agent started by the bootstrap can work. */
-async function grantAgentRules(user: string, secret: string): Promise<void> {
-  await userWithRules(cluster, user, [
-    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: [secret], verbs: ["get", "list", "watch"] }] },
-    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "create", "update"] }] },
-    { namespace: "default", rules: [{ apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] }] },
-    { rules: [{ apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] }, { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] }] },
-  ]);
-}
 
 /**
  * A new machine as Gardener's user data leaves it: the binary, the NodeAgentConfiguration (apiServer
@@ -88,7 +79,7 @@ controllers:
   const token = await createBootstrapToken(cluster);
   if (opts.token !== false) await node.writeFile(`${base}/credentials/bootstrap-token`, token.token, 0o640);
   await cluster.admin().makeApiClient(CoreV1Api).createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-  await grantAgentRules(user, secret);
+  await userWithRules(cluster, user, agentRules([secret])); // so the agent the bootstrap starts can work
   if (opts.initUnit) {
     // Gardener's init unit runs a script that ends in `exec gardener-node-agent bootstrap --config-dir=…`.
     await node.writeFile(

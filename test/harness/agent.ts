@@ -19,7 +19,7 @@ export const agentUnitText = agentUnitContent({ restartSec: 1 });
 export type AgentNode = { node: Node; name: string; core: CoreV1Api; healthPort: number; metricsPort: number };
 
 /** Rules of docs/rbac.md for an agent reading `secrets` (the OSC secret and its secretRefs). */
-function agentRules(secrets: string[]) {
+export function agentRules(secrets: string[]) {
   return [
     { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: secrets, verbs: ["get", "list", "watch"] }] },
     { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "create", "update"] }] },

@@ -8,7 +8,7 @@ import { stringify } from "yaml";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { writeLayout } from "../../build/oci-layout.ts";
 import { trellisImageSpec } from "../../build/trellis-image.ts";
-import type { AgentNode } from "./agent.ts";
+import { type AgentNode, agentRules } from "./agent.ts";
 import { repoRoot } from "./binary.ts";
 import { createBootstrapToken, decideCsr, waitForCsr } from "./bootstrap.ts";
 import type { Cluster } from "./cluster.ts";
@@ -47,12 +47,7 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
   const user = `gardener.cloud:node-agent:machine:${machine}`;
   const core = cluster.admin().makeApiClient(CoreV1Api);
   await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-  await userWithRules(cluster, user, [
-    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: [secretName], verbs: ["get", "list", "watch"] }] },
-    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "create", "update"] }] },
-    { namespace: "default", rules: [{ apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] }] },
-    { rules: [{ apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] }, { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] }] },
-  ]);
+  await userWithRules(cluster, user, agentRules([secretName]));
   const token = await createBootstrapToken(cluster);
   const [healthPort, metricsPort] = [await freePort(), await freePort()];
   await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, `server = "https://${upstream}"\n\n[host."http://${registry.host}"]\n  capabilities = ["pull", "resolve"]\n`);
@@ -78,12 +73,20 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
   return { node, name: node.name, core, healthPort, metricsPort, machine, bootstrapUser: token.user };
 }
 
-/** Runs install.sh as cloud-init would, for the trellis image at `tag`, and approves the node's CSR. */
-export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string): Promise<void> {
+/**
+ * Runs install.sh as cloud-init would, for the trellis image at `tag`, and approves the node's CSR as
+ * soon as it appears. Returns the CSR's name and when (performance.now()) install.sh started and the
+ * CSR was seen.
+ */
+export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
   const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/trellis/agent:${tag}`])).trim();
+  const startedMs = performance.now();
   await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/trellis/agent:${tag}@${digest}` } });
   const csr = await waitForCsr(cluster, `the bootstrap CSR of ${bare.name}`, (c) => c.spec.username === bare.bootstrapUser, 120_000);
-  await decideCsr(cluster, csr.metadata?.name as string, "Approved", "E2E", "approved by the test");
+  const csrSeenMs = performance.now();
+  const name = csr.metadata?.name as string;
+  await decideCsr(cluster, name, "Approved", "E2E", "approved by the test");
+  return { csr: name, startedMs, csrSeenMs };
 }
 
 const kubeletUnit = `[Unit]

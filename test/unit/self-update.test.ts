@@ -63,6 +63,12 @@ describe("checking a new agent binary before installing it", () => {
     expect(problem).toContain("no usable config-v2.yaml");
   });
 
+  test("the binary trellis installed there itself is not checked (or hashed) again", async () => {
+    const { check } = await setup();
+    const desired = desiredWith([fileOf(selfBinary, newAgent, 0o755)]);
+    expect(await checkSelfUpdate(desired, { ...check, installed: sha256Hex(newAgent) })).toBeUndefined();
+  });
+
   test("a binary that does not run at all is refused", async () => {
     const { check } = await setup();
     const problem = await checkSelfUpdate(desiredWith([fileOf(selfBinary, "\x7fELF garbage", 0o755)]), check);
