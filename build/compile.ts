@@ -1,9 +1,11 @@
-// bun run build [-- --arch x64|arm64] [--outfile PATH] [--version V]
+// bun run build [-- --arch x64|arm64] [--outfile PATH] [--version V] [--readable]
 // Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
 // Flags and why (README "How the binary is built"): no .env/bunfig autoload (a node agent must not read ./.env from its
 // working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
 // start-up time, minify with kept names (class names appear in errors), and the undici rewrite that
-// makes client-node's TLS settings work under Bun.
+// makes client-node's TLS settings work under Bun. --readable keeps identifiers and line breaks (and
+// changes nothing else), so that a CPU profile of the binary names trellis's own functions
+// (test/bench/profile.ts).
 import { execFileSync } from "node:child_process";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
@@ -16,6 +18,7 @@ const { values } = parseArgs({
     outfile: { type: "string" },
     // A release pipeline stamps the version it tags; package.json's otherwise.
     version: { type: "string", default: pkg.version },
+    readable: { type: "boolean", default: false },
   },
 });
 const version = values.version;
@@ -44,7 +47,7 @@ const result = await Bun.build({
   compile: { target: `bun-linux-${arch}`, outfile: resolve(root, outfile), autoloadDotenv: false, autoloadBunfig: false },
   format: "esm",
   bytecode: true,
-  minify: { whitespace: true, syntax: true, identifiers: true, keepNames: true },
+  minify: values.readable ? { syntax: true, keepNames: true } : { whitespace: true, syntax: true, identifiers: true, keepNames: true },
   external: ["x11"],
   define: { TRELLIS_COMMIT: JSON.stringify(commit), TRELLIS_VERSION: JSON.stringify(version) },
   plugins: [undiciShim(stats)],

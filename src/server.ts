@@ -111,6 +111,10 @@ function respond(req: IncomingMessage, res: ServerResponse, handle: Handler, log
 function registerProcessMetrics(registry: Registry): void {
   const startSeconds = Date.now() / 1000 - process.uptime();
   registry.collect("process_resident_memory_bytes", "Resident memory size in bytes.", () => process.memoryUsage().rss);
+  // Where the resident memory goes (the JavaScript heap, and buffers outside it), under prom-client's names.
+  registry.collect("nodejs_heap_size_used_bytes", "JavaScript heap in use, in bytes.", () => process.memoryUsage().heapUsed);
+  registry.collect("nodejs_heap_size_total_bytes", "JavaScript heap reserved, in bytes.", () => process.memoryUsage().heapTotal);
+  registry.collect("nodejs_external_memory_bytes", "Memory of objects outside the JavaScript heap (buffers), in bytes.", () => process.memoryUsage().external);
   registry.collect("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", () => startSeconds);
   registry.collect(
     "process_cpu_seconds_total",

@@ -17,18 +17,9 @@
 // On a shared machine the result records, per phase, other test runs' control planes and the host's
 // busy CPU: rerun when a phase had company (see sharedMachine in the JSON).
 //
-// Restarts are observed by the units themselves: ExecStart is
-//   /bin/bash -c 'echo $EPOCHREALTIME >> /run/bench-uNN.started; exec sleep infinity'
-// (bash's builtin clock: no extra process before the timestamp). The node shares the host's
-// CLOCK_REALTIME (no time namespace), so that timestamp is compared with the host's clock taken at
-// the start of the replace call. The file is polled from the host every 2 ms through /proc/PID/root,
-// which spawns nothing; polling `systemctl show -P MainPID` would spawn nsenter + systemctl hundreds
-// of times per change on a 2-core machine (slowing down what it measures) and only resolve to its
-// own cost (~10 ms). Appending also counts every start of every unit, so the benchmark checks that
-// exactly the changed unit restarted each time.
-import { Buffer } from "node:buffer";
-import { chmodSync, closeSync, copyFileSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, writeFileSync } from "node:fs";
-import { CoreV1Api, VersionApi, type V1Secret } from "@kubernetes/client-node";
+// Restarts are observed by the units themselves (test/bench/lib/bench-osc.ts).
+import { chmodSync, copyFileSync, readdirSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
+import { CoreV1Api, VersionApi } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { type AgentNode, mainPid, readNode, startAgentNode } from "../harness/agent.ts";
 import { trellisBinary } from "../harness/binary.ts";
@@ -36,9 +27,11 @@ import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { runDir, runOk, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import type { AuditEvent } from "../harness/rbac.ts";
+import { AuditTail, auditMs } from "./lib/audit.ts";
+import { baseContents, expectedStarts, FILES_PER_UNIT, oscYaml, secretBody, starts, UNITS, unitName } from "./lib/bench-osc.ts";
+import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB, ticksPerSecond } from "./lib/proc.ts";
+import { median, round, summary } from "./lib/stats.ts";
 
-const FILES_PER_UNIT = 10;
-const UNITS = 50;
 const FIRST_APPLY_RUNS = 3;
 const CHANGES = 30;
 const PLAN_RUNS = 10;
@@ -54,156 +47,9 @@ const progress = (msg: string) => console.error(`[${((performance.now() - benchS
 /** The host's CLOCK_REALTIME in ms with sub-ms precision (monotonic within this run). */
 const wallNow = () => performance.timeOrigin + performance.now();
 const sleep = (ms: number) => Bun.sleep(ms);
-const round = (x: number, digits = 1) => Number(x.toFixed(digits));
-const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
-function median(xs: number[]): number {
-  const s = sorted(xs);
-  const m = s.length >> 1;
-  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
-}
-/** Nearest-rank percentile: with 30 samples p99 is the largest one. */
-function percentile(xs: number[], p: number): number {
-  const s = sorted(xs);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] as number;
-}
-function summary(xs: number[], digits = 1) {
-  return {
-    n: xs.length,
-    median: round(median(xs), digits),
-    p99: round(percentile(xs, 99), digits),
-    min: round(Math.min(...xs), digits),
-    max: round(Math.max(...xs), digits),
-  };
-}
-/** Audit timestamps carry microseconds; Date.parse keeps milliseconds only. */
-function auditMs(ts: string): number {
-  const m = /^(.*?)(?:\.(\d+))?Z$/.exec(ts);
-  if (!m) return Date.parse(ts);
-  return Date.parse(`${m[1]}Z`) + (m[2] ? Number(`0.${m[2]}`) * 1000 : 0);
-}
-
-/** Deterministic PRNG (mulberry32), so every run benchmarks the same OSC. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-// ---------------------------------------------------------------- the OSC
-
-const unitName = (u: number) => `bench-u${String(u).padStart(2, "0")}.service`;
-const startedFile = (u: number) => `/run/bench-u${String(u).padStart(2, "0")}.started`;
-const filePath = (u: number, f: number) => `/etc/bench/u${String(u).padStart(2, "0")}/f${f}.conf`;
-
-// 1–4 KiB, skewed towards small (size = 1 KiB + 3 KiB·r³, mean ≈ 1.75 KiB): the whole OSC has to fit
-// into one Secret, and the API server refuses Secrets over 1 MiB.
-const baseContents: string[] = (() => {
-  const rnd = prng(42);
-  const words = ["listen", "timeout", "buffer", "retry", "path", "level", "enable", "limit", "socket", "cache", "region", "threads"];
-  const out: string[] = [];
-  for (let i = 0; i < UNITS * FILES_PER_UNIT; i++) {
-    const size = 1024 + Math.floor(3072 * rnd() ** 3);
-    let text = `# bench file ${i}\n`;
-    while (text.length < size) {
-      const w = words[Math.floor(rnd() * words.length)] as string;
-      text += `${w}_${Math.floor(rnd() * 1e6).toString(36)} = ${Math.floor(rnd() * 2 ** 40).toString(16)}\n`;
-    }
-    out.push(text.slice(0, size - 1) + "\n");
-  }
-  return out;
-})();
-
-/** The OSC YAML after `change` changes: change n rewrites the first line of the first file of unit
- *  (n-1) % 50, and later versions keep it, so that consecutive versions differ in exactly one file. */
-function oscYaml(change = 0): string {
-  const q = (s: string) => JSON.stringify(s); // a JSON string is a YAML double-quoted scalar
-  const lines = [
-    "apiVersion: extensions.gardener.cloud/v1alpha1",
-    "kind: OperatingSystemConfig",
-    "metadata:",
-    "  name: bench",
-    "  namespace: kube-system",
-    "spec:",
-    "  type: debian",
-    "  purpose: reconcile",
-    "  units:",
-  ];
-  for (let u = 0; u < UNITS; u++) {
-    const content = [
-      "[Unit]",
-      `Description=trellis benchmark unit ${u}`,
-      "[Service]",
-      // $$ is systemd's escape for $: bash expands EPOCHREALTIME itself.
-      `ExecStart=/bin/bash -c 'echo $$EPOCHREALTIME >> ${startedFile(u)}; exec sleep infinity'`,
-      "[Install]",
-      "WantedBy=multi-user.target",
-      "",
-    ].join("\n");
-    lines.push(`  - name: ${unitName(u)}`, "    command: start", "    enable: true", `    content: ${q(content)}`, "    filePaths:");
-    for (let f = 0; f < FILES_PER_UNIT; f++) lines.push(`    - ${filePath(u, f)}`);
-  }
-  lines.push("  files:");
-  const lastChange = new Map<number, number>(); // file index → the last change that rewrote it
-  for (let n = 1; n <= change; n++) lastChange.set(((n - 1) % UNITS) * FILES_PER_UNIT, n);
-  for (let u = 0; u < UNITS; u++) {
-    for (let f = 0; f < FILES_PER_UNIT; f++) {
-      const i = u * FILES_PER_UNIT + f;
-      let data = baseContents[i] as string;
-      const n = lastChange.get(i);
-      if (n !== undefined) data = `# bench file ${i}, change ${n}\n${data.slice(data.indexOf("\n") + 1)}`;
-      lines.push(`  - path: ${filePath(u, f)}`, "    permissions: 0644", "    content:", "      inline:", '        encoding: ""', `        data: ${q(data)}`);
-    }
-  }
-  return `${lines.join("\n")}\n`;
-}
-
-function secretBody(name: string, text: string): V1Secret {
-  return {
-    metadata: {
-      name,
-      namespace: "kube-system",
-      labels: { "gardener.cloud/role": "operating-system-config" },
-      annotations: { "checksum/data-script": sha256Hex(text) },
-    },
-    data: { "osc.yaml": Buffer.from(text).toString("base64") },
-  };
-}
 
 // ---------------------------------------------------------------- observing the node and the server
 
-/** Reads the audit log incrementally (it grows by every request of the run). */
-class AuditTail {
-  private offset = 0;
-  private rest = "";
-  readonly events: AuditEvent[] = [];
-  constructor(private readonly path: string) {}
-  poll(): AuditEvent[] {
-    const fd = openSync(this.path, "r");
-    try {
-      const size = fstatSync(fd).size;
-      if (size > this.offset) {
-        const buf = Buffer.alloc(size - this.offset);
-        readSync(fd, buf, 0, buf.length, this.offset);
-        this.offset = size;
-        const text = this.rest + buf.toString("utf8");
-        const lines = text.split("\n");
-        this.rest = lines.pop() ?? "";
-        for (const line of lines) if (line) this.events.push(JSON.parse(line) as AuditEvent);
-      }
-    } finally {
-      closeSync(fd);
-    }
-    return this.events;
-  }
-  by(user: string, fromMs = 0, toMs = Number.POSITIVE_INFINITY): AuditEvent[] {
-    return this.poll().filter((e) => e.user.username === user && auditMs(e.stageTimestamp) >= fromMs && auditMs(e.stageTimestamp) <= toMs);
-  }
-}
 const agentUser = (a: AgentNode) => `gardener.cloud:node-agent:machine:${a.name}`;
 const describeRequest = (e: AuditEvent) => `${e.stage} ${e.verb} ${e.requestURI}`;
 /** Splits the agent's requests: watches (and their resumptions), its heartbeat Lease (kube-system/gardener-node-agent-<node>, renewed every 10 s), the rest. */
@@ -222,19 +68,6 @@ function annotationPatch(audit: AuditTail, a: AgentNode, fromMs: number): AuditE
     .find((e) => e.verb === "patch" && e.stage === "ResponseComplete" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status"));
 }
 
-let clockTicks = 100;
-/** utime + stime of a process inside the node, in seconds (/proc/PID/stat, clock ticks). */
-async function cpuSeconds(node: Node, pid: number): Promise<number> {
-  const stat = await node.readFile(`/proc/${pid}/stat`);
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / clockTicks; // fields 14 and 15 of proc(5)
-}
-async function memoryKiB(node: Node, pid: number): Promise<{ vmRssKiB: number; vmHwmKiB: number }> {
-  const status = await node.readFile(`/proc/${pid}/status`);
-  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
-  return { vmRssKiB: kib("VmRSS"), vmHwmKiB: kib("VmHWM") };
-}
-
 type AgentLog = { ts: string; msg: string; durationMs?: number; steps?: number; restarted?: string[] };
 /** The agent's JSON log lines from the node's journal. */
 async function agentLog(a: AgentNode, pid?: number): Promise<AgentLog[]> {
@@ -250,15 +83,6 @@ async function agentLog(a: AgentNode, pid?: number): Promise<AgentLog[]> {
   });
 }
 const applied = (logs: AgentLog[]) => logs.filter((l) => l.msg === "OSC applied");
-
-/** Lines of each unit's start-stamp file: one per start of the unit. */
-async function starts(node: Node, u: number): Promise<number[]> {
-  const text = await node.readFile(startedFile(u)).catch(() => "");
-  return text
-    .split("\n")
-    .filter(Boolean)
-    .map((l) => Number(l) * 1000);
-}
 
 // Runs a command in the node under bash's `time` (ms resolution for real/user/sys of the command
 // and its children) and GNU time (peak RSS). Prints "exit real user sys maxrssKiB".
@@ -310,12 +134,7 @@ function apiserversRunning(): number {
 const foreignApiservers: Record<string, number> = {};
 /** The host's busy CPU (all processes, this benchmark's included) per phase, in cores: compare runs. */
 const hostCpuBusyCores: Record<string, number> = {};
-const cpuJiffies = () => {
-  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "").split(/\s+/).slice(1).map(Number);
-  const idle = (f[3] ?? 0) + (f[4] ?? 0);
-  return { busy: f.slice(0, 8).reduce((a, b) => a + b, 0) - idle, at: performance.now() };
-};
-let phaseCpu = cpuJiffies();
+let phaseCpu = hostCpu();
 let phase = "";
 let foreignSampler: ReturnType<typeof setInterval> | undefined;
 const samplePhase = () => {
@@ -323,8 +142,8 @@ const samplePhase = () => {
 };
 /** Starts a phase (after this run's own kube-apiserver is up). */
 const mark = (name: string) => {
-  const now = cpuJiffies();
-  if (phase) hostCpuBusyCores[phase] = round((now.busy - phaseCpu.busy) / clockTicks / ((now.at - phaseCpu.at) / 1000), 2);
+  const now = hostCpu();
+  if (phase) hostCpuBusyCores[phase] = busyCores(phaseCpu, now);
   phaseCpu = now;
   phase = name;
   if (!name) return clearInterval(foreignSampler); // the end
@@ -351,16 +170,8 @@ try {
   binary = `${runDir("bench")}/trellis`;
   copyFileSync(source, binary);
   chmodSync(binary, 0o755);
-  clockTicks = Number((await runOk(["getconf", "CLK_TCK"])).trim());
-  const cpuModel = /^model name\s*:\s*(.*)$/m.exec(readFileSync("/proc/cpuinfo", "utf8"))?.[1] ?? "unknown";
-  const memTotalKiB = Number(/^MemTotal:\s+(\d+)/m.exec(readFileSync("/proc/meminfo", "utf8"))?.[1]);
-  result.machine = {
-    nproc: Number((await runOk(["nproc"])).trim()),
-    cpu: cpuModel,
-    memoryGiB: round(memTotalKiB / 1048576),
-    kernel: (await runOk(["uname", "-r"])).trim(),
-    loadAvgAtStart: readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" "),
-  };
+  await initClockTicks();
+  result.machine = await machineInfo();
   result.osc = {
     files: UNITS * FILES_PER_UNIT,
     units: UNITS,
@@ -431,7 +242,7 @@ try {
     vmRssMiB: round(memIdle.vmRssKiB / 1024),
     vmHwmMiB: round(memIdle.vmHwmKiB / 1024),
     cpuSeconds: round(cpu1 - cpu0, 2),
-    cpuTickSeconds: 1 / clockTicks,
+    cpuTickSeconds: 1 / ticksPerSecond(),
     ...classify(idleRequests),
   };
 
@@ -473,8 +284,7 @@ try {
     await sleep(300); // the Node condition and the event follow the annotation
   }
   const after = await Promise.all(Array.from({ length: UNITS }, (_, u) => starts(a.node, u)));
-  const expectedStarts = (u: number) => 1 + Array.from({ length: CHANGES }, (_, i) => i % UNITS).filter((x) => x === u).length;
-  const unexpected = after.map((s, u) => s.length - expectedStarts(u)).reduce((x, y) => x + Math.abs(y), 0);
+  const unexpected = after.map((s, u) => s.length - expectedStarts(u, CHANGES)).reduce((x, y) => x + Math.abs(y), 0);
   if (unexpected !== 0) throw new Error(`unexpected unit starts: ${after.map((s) => s.length).join(",")}`);
   result.reactionLatency = {
     changes: CHANGES,

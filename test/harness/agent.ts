@@ -33,20 +33,41 @@ export function agentRules(secrets: string[]) {
   ];
 }
 
-export async function startAgentNode(
-  cluster: Cluster,
-  opts: { prefix: string; secretName: string; secretRefs?: string[]; syncPeriod?: string; start?: boolean },
-): Promise<AgentNode> {
-  const node = await bootNode(opts.prefix, { net: "host" });
+export type AgentNodeOptions = {
+  prefix: string;
+  secretName: string;
+  secretRefs?: string[];
+  syncPeriod?: string;
+  start?: boolean;
+  /** The agent binary installed at /opt/bin/gardener-node-agent (default: dist/trellis). */
+  binary?: string;
+  /** The NodeAgentConfiguration's file name in the config dir (gardener-node-agent reads config-<version>.yaml). */
+  configName?: string;
+  /** The RBAC the agent's user gets (default: agentRules, docs/rbac.md). */
+  rules?: Parameters<typeof userWithRules>[2];
+  /** The API server URL written into the kubeconfig instead of the cluster's (e.g. a byte-counting relay). */
+  server?: string;
+  /** Run containerd in the node (see BootOptions). */
+  containerd?: boolean;
+};
+
+export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): Promise<AgentNode> {
+  const node = await bootNode(opts.prefix, { net: "host", containerd: opts.containerd ?? false });
   const core = cluster.admin().makeApiClient(CoreV1Api);
-  // What kubelet would register: the hostname label is how the agent finds its Node.
+  // What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP
+  // what gardener-node-agent's health check expects of a registered node.
   await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-  const { kubeconfig } = await userWithRules(cluster, `gardener.cloud:node-agent:machine:${node.name}`, agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
-  await node.writeFile("/var/lib/gardener-node-agent/credentials/kubeconfig", readFileSync(kubeconfig, "utf8"), 0o600);
+  const registered = await core.readNode({ name: node.name });
+  await core.replaceNodeStatus({ name: node.name, body: { ...registered, status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } });
+  const user = `gardener.cloud:node-agent:machine:${node.name}`;
+  const { kubeconfig } = await userWithRules(cluster, user, opts.rules ?? agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
+  const kubeconfigText = readFileSync(kubeconfig, "utf8");
+  await node.writeFile("/var/lib/gardener-node-agent/credentials/kubeconfig", opts.server ? kubeconfigText.replace(cluster.server, opts.server) : kubeconfigText, 0o600);
+  await node.writeFile("/var/lib/gardener-node-agent/machine-name", `${node.name}\n`, 0o644);
   // The test nodes share the host's network: each agent gets ports of its own.
   const [healthPort, metricsPort] = [await freePort(), await freePort()];
   await node.writeFile(
-    "/var/lib/gardener-node-agent/config.yaml",
+    `/var/lib/gardener-node-agent/${opts.configName ?? "config.yaml"}`,
     `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
 kind: NodeAgentConfiguration
 server:
@@ -60,7 +81,7 @@ controllers:
 `,
     0o600,
   );
-  await node.install(await trellisBinary(), "/opt/bin/gardener-node-agent");
+  await node.install(opts.binary ?? (await trellisBinary()), "/opt/bin/gardener-node-agent");
   await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
   await node.execOk(["systemctl", "daemon-reload"]);
   if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);

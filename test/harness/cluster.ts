@@ -27,6 +27,8 @@ export interface Cluster {
   admin(): KubeConfig;
   /** Issues a client certificate signed by the client CA (CN=user, O=groups) and writes a kubeconfig using it. */
   clientCertUser(user: string, groups?: string[]): Promise<{ kubeconfig: string; certFile: string; keyFile: string }>;
+  /** Host PIDs of the running daemons (for their CPU time and memory in benchmarks). */
+  pids(): { etcd?: number; apiserver?: number };
   /** Stops and starts kube-apiserver only (same port, same etcd). */
   restartApiServer(): Promise<void>;
   /** Stops every process this cluster started, by PID, and deletes etcd's data; logs and PKI stay in dir for post-mortems. */
@@ -97,6 +99,7 @@ export async function startCluster(opts: { controllerManager?: boolean } = {}): 
     adminKubeconfig,
     admin,
     clientCertUser: (user, groups = []) => clientCertUser(dir, server, pki, user, groups),
+    pids: () => ({ etcd: etcd.pid, apiserver: apiserver.pid }),
     restartApiServer: async () => {
       await apiserver.stop();
       apiserver.start();
@@ -326,6 +329,10 @@ class Daemon {
     private readonly dir: string,
   ) {
     this.log = `${dir}/${name}.log`;
+  }
+
+  get pid(): number | undefined {
+    return this.exited() ? undefined : this.proc?.pid;
   }
 
   start(): void {

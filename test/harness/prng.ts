@@ -1,4 +1,4 @@
-// A seeded PRNG (mulberry32) for property tests: a failing seed reproduces exactly.
+// A seeded PRNG (mulberry32) for property tests and benchmark data: a seed reproduces exactly.
 export function prng(seed: number) {
   let a = seed >>> 0;
   const next = () => {
@@ -9,6 +9,7 @@ export function prng(seed: number) {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
   return {
+    next,
     chance: (p: number) => next() < p,
     pick: <T>(xs: readonly T[]): T => xs[Math.floor(next() * xs.length)] as T,
     int: (n: number) => Math.floor(next() * n),

@@ -1,0 +1,397 @@
+// bun run bench [-- --runs 3 --changes 30 --startups 5 --steady-minutes 10]
+//
+// trellis side by side with its peer, Gardener's gardener-node-agent (built from the Go module proxy by
+// test/peer/build.sh), on the same machine in the same run: each agent on its own real node (systemd
+// in namespaces, with a real containerd) against one real kube-apiserver, with the same
+// NodeAgentConfiguration and the same OSC (500 files, 50 units: test/bench/lib/bench-osc.ts). The
+// agents take turns on every measurement (the order alternates), except the steady state, where both
+// idle at the same time, each on its own node.
+//   1. first apply: Secret created → the agent's PATCH of the Node's checksum annotation (audit log),
+//      and → the last of the 50 units started; a fresh node per run;
+//   2. reaction latency: Secret replaced → the changed unit's new process started (its own
+//      $EPOCHREALTIME), 30 changes each, one file of one unit's filePaths per change;
+//   3. start-up: agent restarted on its applied node → its first reconcile finished (journal), from the
+//      process's start (systemd's ExecMainStartTimestampMonotonic) to the log line that ends a
+//      reconcile with nothing to do; same clock (CLOCK_MONOTONIC) for both;
+//   4. no-op re-check: the applied OSC plus a comment → the Node annotation, the CPU it took, the API
+//      requests it made, 10 times each;
+//   5. steady state: RSS, CPU seconds, API requests per hour (audit log) and bytes received from the
+//      API server (a byte-counting TCP relay between each agent and the API server, TLS untouched);
+//   6. binary size and the compressed single-layer image.
+// Every node's kubeconfig points at its own relay (test/harness/byte-proxy.ts), in every phase.
+// A stand-in kubelet answers /healthz on 127.0.0.1:10248 (the nodes share the host's network), so
+// that neither agent's health check restarts a kubelet that was never there.
+// Prints progress and the table on stderr, the JSON on stdout, and writes the JSON to
+// test/bench/results/compare-<date>.json. About 20 minutes with the defaults (10 of them steady state).
+import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { CoreV1Api, VersionApi } from "@kubernetes/client-node";
+import { compress, tarLayer } from "../../build/oci-layout.ts";
+import { binaryPathInImage } from "../../build/trellis-image.ts";
+import { sha256Hex } from "../../src/api/desired.ts";
+import { type AgentNode, mainPid, readNode, startAgentNode } from "../harness/agent.ts";
+import { type ByteProxy, startByteProxy } from "../harness/byte-proxy.ts";
+import { startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
+import type { Node } from "../harness/node.ts";
+import type { AuditEvent } from "../harness/rbac.ts";
+import { type AgentId, type BenchAgent, benchAgents } from "./lib/agents.ts";
+import { AuditTail, auditMs } from "./lib/audit.ts";
+import { expectedStarts, oscYaml, secretBody, starts, UNITS, unitName } from "./lib/bench-osc.ts";
+import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
+import { median, round, type Summary, summary } from "./lib/stats.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    runs: { type: "string", default: "3" },
+    changes: { type: "string", default: "30" },
+    startups: { type: "string", default: "5" },
+    "steady-minutes": { type: "string", default: "10" },
+  },
+});
+const RUNS = Number(args.runs);
+const CHANGES = Number(args.changes);
+const STARTUPS = Number(args.startups);
+const STEADY_MINUTES = Number(args["steady-minutes"]);
+const NOOPS = 10;
+
+const benchStart = performance.now();
+const progress = (msg: string) => console.error(`[${((performance.now() - benchStart) / 1000).toFixed(1).padStart(7)} s] ${msg}`);
+/** The host's CLOCK_REALTIME in ms with sub-ms precision. */
+const wallNow = () => performance.timeOrigin + performance.now();
+const sleep = (ms: number) => Bun.sleep(ms);
+/** Alternates who goes first: run k starts with agent k mod 2. */
+const turns = <T>(xs: T[], k: number): T[] => (k % 2 === 0 ? xs : [...xs].reverse());
+
+type Bench = AgentNode & { agent: BenchAgent; proxy: ByteProxy; secretName: string; user: string };
+
+// ---------------------------------------------------------------- observing
+
+type JournalLine = { msg: string; monoUs: number };
+/** The agent's log lines (both log JSON with a `msg` field) with journald's monotonic receive time. */
+async function journal(node: Node, pid: number): Promise<JournalLine[]> {
+  const out = await node.execOk(["journalctl", `_PID=${pid}`, "-o", "json", "--output-fields=MESSAGE", "--no-pager"]);
+  return out.split("\n").flatMap((line) => {
+    if (!line) return [];
+    const entry = JSON.parse(line) as { MESSAGE?: unknown; __MONOTONIC_TIMESTAMP: string };
+    if (typeof entry.MESSAGE !== "string" || !entry.MESSAGE.startsWith("{")) return [];
+    try {
+      const msg = String((JSON.parse(entry.MESSAGE) as { msg?: unknown }).msg);
+      return [{ msg, monoUs: Number(entry.__MONOTONIC_TIMESTAMP) }];
+    } catch {
+      return []; // a line that merely starts with "{"
+    }
+  });
+}
+const noopDone = (b: Bench, lines: JournalLine[]) => lines.filter((l) => l.msg === b.agent.noopDoneMessage);
+
+async function waitWatching(audit: AuditTail, b: Bench): Promise<void> {
+  await waitFor(`${b.name}'s agent to watch its Secret`, () => audit.by(b.user).some((e) => e.verb === "watch" && e.objectRef?.resource === "secrets"), 60_000, 20);
+}
+
+/** Polls the Node until it carries `checksum`; then the agent's last metadata PATCH of the Node up to that moment is the one that set it. */
+async function annotationPatchMs(audit: AuditTail, b: Bench, checksum: string, fromMs: number): Promise<number> {
+  await waitFor(`${b.name} to report ${checksum.slice(0, 12)}`, async () => (await readNode(b)).metadata?.annotations?.["checksum/cloud-config-data"] === checksum, 180_000, 20);
+  const seen = wallNow();
+  const isPatch = (e: AuditEvent) => e.verb === "patch" && e.stage === "ResponseComplete" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status");
+  const patch = await waitFor("the annotation PATCH in the audit log", () => audit.by(b.user, fromMs, seen + 5).filter(isPatch).at(-1), 5_000, 20);
+  return auditMs(patch.stageTimestamp);
+}
+
+async function unitStartsAll(node: Node): Promise<number[][]> {
+  return Promise.all(Array.from({ length: UNITS }, (_, u) => starts(node, u)));
+}
+
+async function systemdShow(node: Node, prop: string): Promise<number> {
+  return Number((await node.execOk(["systemctl", "show", "-P", prop, "gardener-node-agent.service"])).trim());
+}
+
+// ---------------------------------------------------------------- setting up
+
+const phaseCpu: Record<string, number> = {};
+let phaseMark = { name: "", cpu: hostCpu() };
+const mark = (name: string) => {
+  const now = hostCpu();
+  if (phaseMark.name) phaseCpu[phaseMark.name] = busyCores(phaseMark.cpu, now);
+  phaseMark = { name, cpu: now };
+};
+
+await initClockTicks();
+const machine = await machineInfo();
+progress("building/copying the agents (the first build of gardener-node-agent takes minutes)");
+const agents = await benchAgents();
+const oscText = oscYaml(0);
+const cluster = await startCluster({ controllerManager: false });
+const core = cluster.admin().makeApiClient(CoreV1Api);
+const audit = new AuditTail(cluster.auditLog);
+const benches: Bench[] = [];
+let kubelet: ReturnType<typeof Bun.serve> | undefined;
+const result: Record<string, unknown> = {};
+let seq = 0;
+
+async function startBench(agent: BenchAgent, syncPeriod = "10m"): Promise<Bench> {
+  const secretName = `osc-${agent.id}-${++seq}`;
+  const proxy = await startByteProxy(cluster.server);
+  const a = await startAgentNode(cluster, {
+    prefix: `${agent.id}-${seq}`,
+    secretName,
+    syncPeriod,
+    binary: agent.binary,
+    configName: agent.configName,
+    rules: agent.rules([secretName]),
+    server: proxy.server,
+    containerd: true,
+    start: false,
+  });
+  const b: Bench = { ...a, agent, proxy, secretName, user: `gardener.cloud:node-agent:machine:${a.name}` };
+  benches.push(b);
+  await a.node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
+  return b;
+}
+async function stopBench(b: Bench): Promise<void> {
+  await b.node.stop();
+  await b.proxy.close();
+  benches.splice(benches.indexOf(b), 1);
+}
+
+try {
+  try {
+    kubelet = Bun.serve({ hostname: "127.0.0.1", port: 10248, fetch: () => new Response("ok") });
+  } catch (err) {
+    throw new Error(`the stand-in kubelet cannot listen on 127.0.0.1:10248 (a real kubelet on this machine?): ${String(err)}`);
+  }
+  const version = await cluster.admin().makeApiClient(VersionApi).getCode();
+  result.machine = machine;
+  result.versions = {
+    ...Object.fromEntries(agents.map((a) => [a.id, { version: a.version, binary: a.binary }])),
+    bun: Bun.version,
+    kubeApiserver: version.gitVersion,
+  };
+  result.osc = { files: UNITS * 10, units: UNITS, yamlKiB: round(oscText.length / 1024) };
+
+  // ------------------------------------------------ 1. first apply
+  mark("first apply");
+  const firstApply: Record<AgentId, { toAnnotationMs: number[]; toAllUnitsMs: number[]; receivedKiB: number[] }> = {
+    trellis: { toAnnotationMs: [], toAllUnitsMs: [], receivedKiB: [] },
+    gna: { toAnnotationMs: [], toAllUnitsMs: [], receivedKiB: [] },
+  };
+  const applied = new Map<AgentId, Bench>();
+  for (let r = 0; r < RUNS; r++) {
+    for (const agent of turns(agents, r)) {
+      const b = await startBench(agent);
+      await waitWatching(audit, b);
+      await sleep(1_000); // let the start-up settle
+      const bytes0 = b.proxy.counts().received;
+      const t0 = wallNow();
+      await core.createNamespacedSecret({ namespace: "kube-system", body: secretBody(b.secretName, oscText) });
+      const patchAt = await annotationPatchMs(audit, b, sha256Hex(oscText), t0);
+      const all = await waitFor("all 50 units to start", async () => {
+        const s = await unitStartsAll(b.node);
+        return s.every((x) => x.length === 1) ? s : undefined;
+      }, 60_000, 20);
+      const res = firstApply[agent.id];
+      res.toAnnotationMs.push(patchAt - t0);
+      res.toAllUnitsMs.push(Math.max(...all.map((x) => x[0] as number)) - t0);
+      res.receivedKiB.push((b.proxy.counts().received - bytes0) / 1024);
+      progress(`first apply ${r + 1}/${RUNS} ${agent.label}: ${round((patchAt - t0) / 1000, 2)} s to the annotation, ${round(((res.toAllUnitsMs.at(-1) as number) / 1000), 2)} s to the last unit started`);
+      const previous = applied.get(agent.id);
+      if (previous) await stopBench(previous);
+      applied.set(agent.id, b);
+    }
+  }
+  const nodes = agents.map((a) => applied.get(a.id) as Bench);
+
+  // ------------------------------------------------ 2. reaction latency
+  mark("reaction latency");
+  const reaction: Record<AgentId, { toRestartMs: number[]; toAnnotationMs: number[] }> = { trellis: { toRestartMs: [], toAnnotationMs: [] }, gna: { toRestartMs: [], toAnnotationMs: [] } };
+  progress(`${CHANGES} changes per agent, each to one file of one unit, taking turns`);
+  for (let i = 1; i <= CHANGES; i++) {
+    const text = oscYaml(i);
+    const u = (i - 1) % UNITS;
+    for (const b of turns(nodes, i)) {
+      const count = (await starts(b.node, u)).length;
+      const t0 = wallNow();
+      await core.replaceNamespacedSecret({ name: b.secretName, namespace: "kube-system", body: secretBody(b.secretName, text) });
+      const started = await waitFor(`${unitName(u)} to restart on ${b.name} (change ${i})`, async () => (await starts(b.node, u))[count], 60_000, 2);
+      const patchAt = await annotationPatchMs(audit, b, sha256Hex(text), t0);
+      reaction[b.agent.id].toRestartMs.push(started - t0);
+      reaction[b.agent.id].toAnnotationMs.push(patchAt - t0);
+      await sleep(300); // the events and the Node's conditions follow the annotation
+    }
+  }
+  const otherRestarts: Record<string, number> = {};
+  for (const b of nodes) {
+    const after = await unitStartsAll(b.node);
+    otherRestarts[b.agent.id] = after.map((s, u) => s.length - expectedStarts(u, CHANGES)).reduce((x, y) => x + Math.abs(y), 0);
+  }
+  progress(`reaction latency medians: ${nodes.map((b) => `${b.agent.label} ${round(median(reaction[b.agent.id].toRestartMs))} ms`).join(", ")}; unexpected unit starts ${JSON.stringify(otherRestarts)}`);
+
+  // ------------------------------------------------ 3. start-up
+  mark("start-up");
+  const startup: Record<AgentId, number[]> = { trellis: [], gna: [] };
+  const restartAndWait = async (b: Bench): Promise<number> => {
+    await b.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
+    const pid = await systemdShow(b.node, "MainPID");
+    const startUs = await systemdShow(b.node, "ExecMainStartTimestampMonotonic");
+    const done = await waitFor(`${b.agent.label}'s first reconcile after a restart`, async () => noopDone(b, await journal(b.node, pid))[0], 60_000, 50);
+    return (done.monoUs - startUs) / 1000;
+  };
+  for (let k = 0; k < STARTUPS; k++) {
+    for (const b of turns(nodes, k)) {
+      startup[b.agent.id].push(await restartAndWait(b));
+      await sleep(2_000);
+    }
+  }
+  progress(`start-up medians: ${nodes.map((b) => `${b.agent.label} ${round(median(startup[b.agent.id]))} ms`).join(", ")}`);
+
+  // ------------------------------------------------ 4. no-op re-check: an OSC that changes nothing on the node
+  // The Secret gets the applied OSC plus a YAML comment (and that text's checksum, as Gardener writes
+  // it): both agents must take it in, find that nothing on the node changes, and report the new
+  // checksum on the Node; no unit may restart. (Neither agent's periodic re-check compares: the peer
+  // does not requeue once it found its checksum applied, trellis re-verifies the files every syncPeriod.)
+  mark("no-op re-check");
+  const noop: Record<AgentId, { toAnnotationMs: number[]; cpuMs: number[]; apiRequests: number[] }> = {
+    trellis: { toAnnotationMs: [], cpuMs: [], apiRequests: [] },
+    gna: { toAnnotationMs: [], cpuMs: [], apiRequests: [] },
+  };
+  const appliedText = oscYaml(CHANGES);
+  for (let k = 1; k <= NOOPS; k++) {
+    const text = `${appliedText}# no-op re-check ${k}\n`;
+    for (const b of turns(nodes, k)) {
+      const pid = await mainPid(b, "gardener-node-agent.service");
+      const before = await unitStartsAll(b.node);
+      const cpu0 = await cpuSeconds(b.node, pid);
+      const t0 = wallNow();
+      await core.replaceNamespacedSecret({ name: b.secretName, namespace: "kube-system", body: secretBody(b.secretName, text) });
+      const patchAt = await annotationPatchMs(audit, b, sha256Hex(text), t0);
+      await sleep(500); // what follows the annotation: the event, the Node's conditions
+      noop[b.agent.id].cpuMs.push(((await cpuSeconds(b.node, pid)) - cpu0) * 1000);
+      noop[b.agent.id].toAnnotationMs.push(patchAt - t0);
+      noop[b.agent.id].apiRequests.push(audit.by(b.user, t0, wallNow()).filter((e) => e.verb !== "watch" && e.objectRef?.resource !== "leases").length);
+      const after = await unitStartsAll(b.node);
+      if (after.some((x, u) => x.length !== (before[u] as number[]).length)) throw new Error(`${b.agent.label} restarted a unit for an OSC that changes nothing`);
+    }
+  }
+  progress(`no-op re-check medians: ${nodes.map((b) => `${b.agent.label} ${round(median(noop[b.agent.id].toAnnotationMs))} ms, ${round(median(noop[b.agent.id].cpuMs))} ms CPU`).join("; ")}`);
+
+  // ------------------------------------------------ 5. steady state, both at once
+  mark("steady state");
+  progress(`steady state: ${STEADY_MINUTES} min, both agents idle at once (after 30 s to settle)`);
+  await sleep(30_000);
+  const steadyStart = await Promise.all(
+    nodes.map(async (b) => {
+      const pid = await mainPid(b, "gardener-node-agent.service");
+      return { b, pid, cpu: await cpuSeconds(b.node, pid), bytes: b.proxy.counts(), rss: [] as number[] };
+    }),
+  );
+  const t0 = wallNow();
+  for (let i = 0; i < STEADY_MINUTES * 6; i++) {
+    await sleep(10_000);
+    for (const s of steadyStart) s.rss.push((await memoryKiB(s.b.node, s.pid)).vmRssKiB / 1024);
+  }
+  const t1 = wallNow();
+  await sleep(2_000); // the audit log is written after the response
+  const steady: Record<string, unknown> = {};
+  for (const s of steadyStart) {
+    const cpu = (await cpuSeconds(s.b.node, s.pid)) - s.cpu;
+    if ((await mainPid(s.b, "gardener-node-agent.service")) !== s.pid) throw new Error(`${s.b.agent.label} restarted during the steady state`);
+    const requests = audit.by(s.b.user, t0, t1).filter((e) => e.stage === "ResponseComplete" || e.verb === "watch");
+    const byKind = new Map<string, number>();
+    for (const e of requests.filter((e) => e.stage === "ResponseComplete")) {
+      const key = `${e.verb} ${e.objectRef?.resource ?? e.requestURI}${e.objectRef?.resource === "nodes" && e.requestURI.includes("/status") ? "/status" : ""}`;
+      byKind.set(key, (byKind.get(key) ?? 0) + 1);
+    }
+    const hours = (t1 - t0) / 3_600_000;
+    const bytes = s.b.proxy.counts();
+    steady[s.b.agent.id] = {
+      minutes: round((t1 - t0) / 60_000, 2),
+      rssMiB: summary(s.rss),
+      cpuSeconds: round(cpu, 2),
+      apiRequestsPerHour: round([...byKind.values()].reduce((x, y) => x + y, 0) / hours, 0),
+      byVerbAndResourcePerHour: Object.fromEntries([...byKind].sort().map(([k, n]) => [k, round(n / hours, 0)])),
+      receivedKiBPerHour: round((bytes.received - s.bytes.received) / 1024 / hours, 1),
+      sentKiBPerHour: round((bytes.sent - s.bytes.sent) / 1024 / hours, 1),
+      newConnections: bytes.connections - s.bytes.connections,
+    };
+  }
+
+  // ------------------------------------------------ 6. sizes
+  mark("sizes");
+  const sizes: Record<string, unknown> = {};
+  for (const agent of agents) {
+    const content = new Uint8Array(readFileSync(agent.binary));
+    const layer = tarLayer({ [binaryPathInImage.slice(1)]: { content, mode: 0o755 } });
+    sizes[agent.id] = {
+      binaryMiB: round(statSync(agent.binary).size / 1048576),
+      imageLayerGzip9MiB: round(compress(layer, "gzip", 9).length / 1048576),
+      imageLayerZstd19MiB: round(compress(layer, "zstd", 19).length / 1048576),
+    };
+  }
+  mark("");
+
+  const s = (xs: number[], digits = 1) => summary(xs, digits);
+  result.firstApply = Object.fromEntries(agents.map((a) => [a.id, { createToAnnotationMs: s(firstApply[a.id].toAnnotationMs), createToAllUnitsStartedMs: s(firstApply[a.id].toAllUnitsMs), receivedKiB: s(firstApply[a.id].receivedKiB) }]));
+  result.reactionLatency = {
+    ...Object.fromEntries(agents.map((a) => [a.id, { toUnitRestartMs: s(reaction[a.id].toRestartMs), toAnnotationMs: s(reaction[a.id].toAnnotationMs) }])),
+    otherUnitsRestarted: otherRestarts,
+  };
+  result.startup = Object.fromEntries(agents.map((a) => [a.id, { processStartToFirstReconcileMs: s(startup[a.id]) }]));
+  result.noopRecheck = Object.fromEntries(agents.map((a) => [a.id, { toAnnotationMs: s(noop[a.id].toAnnotationMs), cpuMs: s(noop[a.id].cpuMs), apiRequests: s(noop[a.id].apiRequests, 0) }]));
+  result.steady = steady;
+  result.sizes = sizes;
+  result.hostCpuBusyCores = phaseCpu;
+  result.benchSeconds = round((performance.now() - benchStart) / 1000);
+} finally {
+  for (const b of [...benches].reverse()) await stopBench(b).catch((err: unknown) => console.error(`stopping node ${b.name}: ${String(err)}`));
+  await kubelet?.stop(true);
+  await cluster.stop();
+}
+
+// ---------------------------------------------------------------- output
+
+const date = new Date().toISOString().slice(0, 10);
+const json = JSON.stringify({ date, ...result }, null, 2);
+console.log(json);
+const dir = new URL("./results/", import.meta.url).pathname;
+mkdirSync(dir, { recursive: true });
+writeFileSync(`${dir}compare-${date}.json`, `${json}\n`);
+
+type PerAgent<T> = Record<AgentId, T>;
+const r = result as {
+  firstApply: PerAgent<{ createToAnnotationMs: Summary; createToAllUnitsStartedMs: Summary; receivedKiB: Summary }>;
+  reactionLatency: PerAgent<{ toUnitRestartMs: Summary; toAnnotationMs: Summary }>;
+  startup: PerAgent<{ processStartToFirstReconcileMs: Summary }>;
+  noopRecheck: PerAgent<{ toAnnotationMs: Summary; cpuMs: Summary; apiRequests: Summary }>;
+  steady: PerAgent<{ rssMiB: Summary; cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number }>;
+  sizes: PerAgent<{ binaryMiB: number; imageLayerGzip9MiB: number; imageLayerZstd19MiB: number }>;
+};
+const cell = (x: Summary | number) => (typeof x === "number" ? `${x}` : `${x.median} (${x.min}–${x.max})`);
+const mid = (x: Summary | number) => (typeof x === "number" ? x : x.median);
+const rows: [string, PerAgent<Summary | number>, string][] = [
+  [`reaction: Secret → changed unit restarted (${CHANGES})`, { trellis: r.reactionLatency.trellis.toUnitRestartMs, gna: r.reactionLatency.gna.toUnitRestartMs }, "ms"],
+  [`reaction: Secret → Node annotation (${CHANGES})`, { trellis: r.reactionLatency.trellis.toAnnotationMs, gna: r.reactionLatency.gna.toAnnotationMs }, "ms"],
+  [`first apply: Secret → Node annotation (${RUNS})`, { trellis: r.firstApply.trellis.createToAnnotationMs, gna: r.firstApply.gna.createToAnnotationMs }, "ms"],
+  [`first apply: Secret → 50th unit started (${RUNS})`, { trellis: r.firstApply.trellis.createToAllUnitsStartedMs, gna: r.firstApply.gna.createToAllUnitsStartedMs }, "ms"],
+  [`no-op re-check: Secret → Node annotation (${NOOPS})`, { trellis: r.noopRecheck.trellis.toAnnotationMs, gna: r.noopRecheck.gna.toAnnotationMs }, "ms"],
+  [`no-op re-check: agent CPU (${NOOPS})`, { trellis: r.noopRecheck.trellis.cpuMs, gna: r.noopRecheck.gna.cpuMs }, "ms"],
+  [`no-op re-check: API requests (${NOOPS})`, { trellis: r.noopRecheck.trellis.apiRequests, gna: r.noopRecheck.gna.apiRequests }, ""],
+  [`start-up: process start → first reconcile (${STARTUPS})`, { trellis: r.startup.trellis.processStartToFirstReconcileMs, gna: r.startup.gna.processStartToFirstReconcileMs }, "ms"],
+  [`steady ${STEADY_MINUTES} min: RSS`, { trellis: r.steady.trellis.rssMiB, gna: r.steady.gna.rssMiB }, "MiB"],
+  [`steady ${STEADY_MINUTES} min: CPU`, { trellis: r.steady.trellis.cpuSeconds, gna: r.steady.gna.cpuSeconds }, "s"],
+  ["steady: API requests", { trellis: r.steady.trellis.apiRequestsPerHour, gna: r.steady.gna.apiRequestsPerHour }, "/h"],
+  ["steady: received from the API server", { trellis: r.steady.trellis.receivedKiBPerHour, gna: r.steady.gna.receivedKiBPerHour }, "KiB/h"],
+  ["binary", { trellis: r.sizes.trellis.binaryMiB, gna: r.sizes.gna.binaryMiB }, "MiB"],
+  ["image layer, gzip -9", { trellis: r.sizes.trellis.imageLayerGzip9MiB, gna: r.sizes.gna.imageLayerGzip9MiB }, "MiB"],
+  ["image layer, zstd -19", { trellis: r.sizes.trellis.imageLayerZstd19MiB, gna: r.sizes.gna.imageLayerZstd19MiB }, "MiB"],
+];
+const v = (result.versions as Record<AgentId, { version: string }> & { bun: string; kubeApiserver: string });
+const ratio = (t: number, g: number) => (g === 0 ? (t === 0 ? "1.00" : "∞") : (t / g).toFixed(2));
+console.error(
+  [
+    "",
+    `machine: ${machine.nproc} cores (${machine.cpu}), ${machine.memoryGiB} GiB, kernel ${machine.kernel}; trellis ${v.trellis.version} (bun ${v.bun}), gardener-node-agent ${v.gna.version}, kube-apiserver ${v.kubeApiserver}`,
+    `${"".padEnd(48)} ${"trellis median (min–max)".padEnd(28)} ${"gardener-node-agent".padEnd(28)} trellis/peer`,
+    ...rows.map(([what, x, unit]) => `${what.padEnd(48)} ${cell(x.trellis).padEnd(28)} ${cell(x.gna).padEnd(28)} ${ratio(mid(x.trellis), mid(x.gna)).padStart(6)}  ${unit}`),
+    `written to test/bench/results/compare-${date}.json`,
+  ].join("\n"),
+);

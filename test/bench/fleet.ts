@@ -1,0 +1,217 @@
+// bun run bench:fleet [-- --nodes 50 --steady-minutes 5]
+//
+// trellis at fleet scale on one machine: N real nodes (systemd in namespaces, host network), each with
+// its own trellis agent, client certificate and RBAC, all of one worker pool (one OSC Secret: 8 units,
+// 32 files, test/bench/lib/bench-osc.ts), against one real kube-apiserver + etcd. Measured at the API
+// server: its request rate (audit log, by verb and resource) and the CPU time of kube-apiserver and
+// etcd (/proc of their PIDs) for an idle control plane, for the fleet in steady state, and during a
+// rollout of an OSC change to every node (one file of one unit: every node restarts that unit). From
+// those, the per-node cost, extrapolated linearly to 5,000 nodes with the arithmetic printed.
+// Nodes are started while MemAvailable stays above 3 GiB; the result says how many ran.
+// Writes test/bench/results/fleet-<date>.json.
+import { Buffer } from "node:buffer";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { CoreV1Api } from "@kubernetes/client-node";
+import { sha256Hex } from "../../src/api/desired.ts";
+import { type AgentNode, startAgentNode } from "../harness/agent.ts";
+import { startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
+import type { AuditEvent } from "../harness/rbac.ts";
+import { AuditTail, auditMs } from "./lib/audit.ts";
+import { type OscShape, oscYaml, secretBody } from "./lib/bench-osc.ts";
+import { cpuSecondsAt, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
+import { round, summary } from "./lib/stats.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    nodes: { type: "string", default: "50" },
+    "steady-minutes": { type: "string", default: "5" },
+    "baseline-seconds": { type: "string", default: "60" },
+    parallel: { type: "string", default: "4" },
+  },
+});
+const NODES = Number(args.nodes);
+const STEADY_MINUTES = Number(args["steady-minutes"]);
+const BASELINE_S = Number(args["baseline-seconds"]);
+const PARALLEL = Number(args.parallel);
+const TARGET = 5_000;
+const SHAPE: OscShape = { units: 8, filesPerUnit: 4 };
+const MIN_AVAILABLE_KIB = 3 * 1024 * 1024;
+const secretName = "gardener-node-agent-fleet";
+const agentPrefix = "gardener.cloud:node-agent:machine:";
+
+const benchStart = performance.now();
+const progress = (msg: string) => console.error(`[${((performance.now() - benchStart) / 1000).toFixed(1).padStart(7)} s] ${msg}`);
+const wallNow = () => performance.timeOrigin + performance.now();
+const memAvailableKiB = () => Number(/^MemAvailable:\s+(\d+)/m.exec(readFileSync("/proc/meminfo", "utf8"))?.[1]);
+
+await initClockTicks();
+const machine = await machineInfo();
+const cluster = await startCluster({ controllerManager: false });
+const core = cluster.admin().makeApiClient(CoreV1Api);
+const audit = new AuditTail(cluster.auditLog);
+const agents: AgentNode[] = [];
+const result: Record<string, unknown> = { date: new Date().toISOString().slice(0, 10), machine };
+
+/** CPU seconds of kube-apiserver and etcd, and kube-apiserver's RSS. */
+function controlPlane() {
+  const { apiserver, etcd } = cluster.pids();
+  if (!apiserver || !etcd) throw new Error("the control plane is not running");
+  const rssKiB = Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${apiserver}/status`, "utf8"))?.[1]);
+  return { at: wallNow(), apiserver: cpuSecondsAt("", apiserver), etcd: cpuSecondsAt("", etcd), apiserverRssMiB: round(rssKiB / 1024) };
+}
+type Sample = ReturnType<typeof controlPlane>;
+const isAgent = (e: AuditEvent) => e.user.username.startsWith(agentPrefix);
+/** Completed requests (a watch counts once, when it ends or is cut) of the agents in a window. */
+function agentRequests(fromMs: number, toMs: number): AuditEvent[] {
+  return audit.poll().filter((e) => isAgent(e) && e.stage === "ResponseComplete" && auditMs(e.stageTimestamp) >= fromMs && auditMs(e.stageTimestamp) <= toMs);
+}
+function byKind(events: AuditEvent[], seconds: number) {
+  const m = new Map<string, number>();
+  for (const e of events) {
+    const key = `${e.verb} ${e.objectRef?.resource ?? e.requestURI}${e.requestURI.includes("/status") ? "/status" : ""}`;
+    m.set(key, (m.get(key) ?? 0) + 1);
+  }
+  return Object.fromEntries([...m].sort((a, b) => b[1] - a[1]).map(([k, n]) => [k, { count: n, perSecond: round(n / seconds, 3) }]));
+}
+function window(from: Sample, to: Sample) {
+  const s = (to.at - from.at) / 1000;
+  return { seconds: round(s), apiserverCores: round((to.apiserver - from.apiserver) / s, 3), etcdCores: round((to.etcd - from.etcd) / s, 3) };
+}
+
+try {
+  // ------------------------------------------------ idle control plane
+  progress(`idle control plane for ${BASELINE_S} s`);
+  await Bun.sleep(5_000);
+  const b0 = controlPlane();
+  await Bun.sleep(BASELINE_S * 1000);
+  const baseline = window(b0, controlPlane());
+  result.baseline = { ...baseline, apiserverRssMiB: controlPlane().apiserverRssMiB };
+
+  // ------------------------------------------------ the fleet
+  let text = oscYaml(0, SHAPE);
+  await core.createNamespacedSecret({ namespace: "kube-system", body: secretBody(secretName, text) });
+  const started = wallNow();
+  let next = 0;
+  let stoppedForMemory = false;
+  const worker = async () => {
+    while (next < NODES && !stoppedForMemory) {
+      if (memAvailableKiB() < MIN_AVAILABLE_KIB) {
+        stoppedForMemory = true;
+        break;
+      }
+      const i = next++;
+      agents.push(await startAgentNode(cluster, { prefix: `fleet${i}`, secretName }));
+      if (agents.length % 10 === 0) progress(`${agents.length} nodes up, MemAvailable ${round(memAvailableKiB() / 1048576, 1)} GiB`);
+    }
+  };
+  await Promise.all(Array.from({ length: PARALLEL }, worker));
+  progress(`${agents.length} nodes booted in ${round((wallNow() - started) / 1000)} s${stoppedForMemory ? " (stopped: memory)" : ""}; waiting for every node to apply the OSC`);
+  const annotated = async (checksum: string) => {
+    const list = await core.listNode();
+    return list.items.filter((n) => n.metadata?.annotations?.["checksum/cloud-config-data"] === checksum).length;
+  };
+  await waitFor("every node to apply the OSC", async () => (await annotated(sha256Hex(text))) === agents.length, 300_000, 1_000);
+  const n = agents.length;
+  const agentRss = await Promise.all(
+    agents.map(async (a) => (await memoryKiB(a.node, Number((await a.node.execOk(["systemctl", "show", "-P", "MainPID", "gardener-node-agent.service"])).trim()))).vmRssKiB / 1024),
+  );
+
+  // ------------------------------------------------ steady state
+  progress(`steady state: ${STEADY_MINUTES} min with ${n} agents (after 60 s to settle)`);
+  await Bun.sleep(60_000);
+  const s0 = controlPlane();
+  await Bun.sleep(STEADY_MINUTES * 60_000);
+  const s1 = controlPlane();
+  await Bun.sleep(2_000); // the audit log is written after the response
+  const steadyWindow = window(s0, s1);
+  const steadyRequests = agentRequests(s0.at, s1.at).filter((e) => e.verb !== "watch");
+  const steadyWatches = agentRequests(s0.at, s1.at).filter((e) => e.verb === "watch");
+  const steadyRate = steadyRequests.length / steadyWindow.seconds;
+  result.steady = {
+    nodes: n,
+    ...steadyWindow,
+    apiserverRssMiB: s1.apiserverRssMiB,
+    agentRequestsPerSecond: round(steadyRate, 3),
+    watchReopensPerSecond: round(steadyWatches.length / steadyWindow.seconds, 3),
+    byVerbAndResource: byKind(steadyRequests, steadyWindow.seconds),
+    agentRssMiB: summary(agentRss),
+  };
+
+  // ------------------------------------------------ rollout
+  progress(`rollout: one file of one unit changes on all ${n} nodes`);
+  text = oscYaml(1, SHAPE);
+  const checksum = sha256Hex(text);
+  const r0 = controlPlane();
+  await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, text) });
+  await waitFor("every node to apply the change", async () => (await annotated(checksum)) === n, 300_000, 200);
+  await Bun.sleep(2_000);
+  const r1 = controlPlane();
+  await Bun.sleep(2_000);
+  const rolloutEvents = agentRequests(r0.at, r1.at);
+  const patches = rolloutEvents.filter((e) => e.verb === "patch" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status"));
+  // The last metadata PATCH of each node in the window is the one that set the checksum annotation.
+  const done = new Map<string, number>();
+  for (const e of patches) done.set(e.user.username, Math.max(done.get(e.user.username) ?? 0, auditMs(e.stageTimestamp)));
+  const doneMs = [...done.values()].map((t) => t - r0.at);
+  const rolloutWindow = window(r0, r1);
+  const rolloutRequests = rolloutEvents.filter((e) => e.verb !== "watch");
+  result.rollout = {
+    ...rolloutWindow,
+    secretKiB: round(text.length / 1024, 1),
+    toNodeAnnotatedMs: summary(doneMs),
+    lastNodeMs: round(Math.max(...doneMs)),
+    agentRequests: rolloutRequests.length,
+    agentRequestsPerNode: round(rolloutRequests.length / n, 2),
+    byVerbAndResource: byKind(rolloutRequests, rolloutWindow.seconds),
+  };
+
+  // ------------------------------------------------ per node, and 5,000 nodes
+  const perNodeRate = steadyRate / n;
+  const perNodeApiserverCores = (steadyWindow.apiserverCores - baseline.apiserverCores) / n;
+  const perNodeEtcdCores = (steadyWindow.etcdCores - baseline.etcdCores) / n;
+  const rolloutCpuPerNode = ((r1.apiserver - r0.apiserver) - baseline.apiserverCores * rolloutWindow.seconds) / n;
+  const secretBytes = Buffer.byteLength(JSON.stringify(secretBody(secretName, text)));
+  // What one agent keeps a watch open on: the distinct resources its watch requests named.
+  const oneAgent = `${agentPrefix}${agents[0]?.name}`;
+  const watched = [...new Set(audit.poll().filter((e) => e.user.username === oneAgent && e.verb === "watch").map((e) => e.objectRef?.resource ?? "?"))].sort();
+  const watchesPerAgent = watched.length;
+  result.perNode = {
+    requestsPerSecond: round(perNodeRate, 4),
+    requestsPerHour: round(perNodeRate * 3600, 0),
+    apiserverMillicores: round(perNodeApiserverCores * 1000, 3),
+    etcdMillicores: round(perNodeEtcdCores * 1000, 3),
+    rolloutApiserverCpuMs: round(rolloutCpuPerNode * 1000, 1),
+  };
+  result.extrapolated = {
+    nodes: TARGET,
+    note: "linear in the node count: every agent's requests are its own (no list of all nodes, no shared watch); the API server's own baseline added once",
+    requestsPerSecond: `${round(perNodeRate, 4)} req/s per node × ${TARGET} = ${round(perNodeRate * TARGET, 1)} req/s`,
+    apiserverCores: `${round(baseline.apiserverCores, 3)} idle + ${round(perNodeApiserverCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.apiserverCores + perNodeApiserverCores * TARGET, 2)} cores`,
+    etcdCores: `${round(baseline.etcdCores, 3)} idle + ${round(perNodeEtcdCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.etcdCores + perNodeEtcdCores * TARGET, 2)} cores`,
+    openWatches: `${watchesPerAgent} watches per agent (${watched.join(", ")}) × ${TARGET} = ${watchesPerAgent * TARGET}`,
+    rolloutApiserverCpu: `${round(rolloutCpuPerNode * 1000, 1)} ms per node × ${TARGET} = ${round(rolloutCpuPerNode * TARGET, 1)} CPU-seconds, spread over the rollout`,
+    rolloutWatchBytes: `one watch event with the Secret (${round(secretBytes / 1024, 1)} KiB as JSON) per node × ${TARGET} = ${round((secretBytes * TARGET) / 1048576, 1)} MiB sent by the API server`,
+  };
+} finally {
+  progress(`stopping ${agents.length} nodes`);
+  for (const a of [...agents].reverse()) await a.node.stop().catch((err: unknown) => console.error(`stopping ${a.name}: ${String(err)}`));
+  await cluster.stop();
+}
+
+const json = JSON.stringify(result, null, 2);
+console.log(json);
+const out = new URL("./results/", import.meta.url).pathname;
+mkdirSync(out, { recursive: true });
+writeFileSync(`${out}fleet-${result.date}.json`, `${json}\n`);
+const r = result as { steady: { nodes: number; agentRequestsPerSecond: number; apiserverCores: number; etcdCores: number }; baseline: { apiserverCores: number }; rollout: { lastNodeMs: number; toNodeAnnotatedMs: { median: number } }; extrapolated: Record<string, string> };
+console.error(
+  [
+    "",
+    `${r.steady.nodes} nodes: ${r.steady.agentRequestsPerSecond} agent requests/s, kube-apiserver ${r.steady.apiserverCores} cores (idle ${r.baseline.apiserverCores}), etcd ${r.steady.etcdCores} cores`,
+    `rollout to all: median ${r.rollout.toNodeAnnotatedMs.median} ms, last node ${r.rollout.lastNodeMs} ms`,
+    ...Object.entries(r.extrapolated).map(([k, v]) => `${TARGET} nodes, ${k}: ${v}`),
+    `written to test/bench/results/fleet-${result.date}.json`,
+  ].join("\n"),
+);

@@ -1,0 +1,80 @@
+// The two agents the side-by-side benchmark runs: trellis (dist/trellis) and its peer, Gardener's
+// gardener-node-agent built from the Go module proxy (test/peer/build.sh). Both get the same node, the
+// same NodeAgentConfiguration, the same OSC Secret and the same API server; what differs is only what
+// each needs to run at all: the config file's name, and the RBAC (gardener-node-agent's informers list
+// and watch more, see below).
+import { chmodSync, copyFileSync } from "node:fs";
+import { agentRules, type AgentNodeOptions } from "../../harness/agent.ts";
+import { trellisBinary } from "../../harness/binary.ts";
+import { runDir, runOk } from "../../harness/exec.ts";
+
+export type AgentId = "trellis" | "gna";
+
+export interface BenchAgent {
+  id: AgentId;
+  label: string;
+  /** A private copy of the binary, taken at the start (a test run may rebuild dist/trellis meanwhile). */
+  binary: string;
+  version: string;
+  configName: string;
+  rules: (secrets: string[]) => NonNullable<AgentNodeOptions["rules"]>;
+  /** The journal message that ends a reconcile that found nothing to do. */
+  noopDoneMessage: string;
+}
+
+const peerBuildScript = new URL("../../peer/build.sh", import.meta.url).pathname;
+
+/**
+ * gardener-node-agent's RBAC, from what its manager's caches and controllers ask (Gardener grants it
+ * through its node-agent authorizer webhook; this is the same set as plain RBAC): besides trellis's
+ * rules, a Pod informer (spec.nodeName=<node>), a Lease informer, update on Node and nodes/status,
+ * and events in the events.k8s.io group.
+ */
+function peerRules(secrets: string[]) {
+  return [
+    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: secrets, verbs: ["get", "list", "watch"] }] },
+    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "list", "watch", "create", "update"] }] },
+    {
+      rules: [
+        { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch", "update"] },
+        { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch", "update"] },
+        { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch"] },
+        { apiGroups: ["", "events.k8s.io"], resources: ["events"], verbs: ["create", "patch"] },
+      ],
+    },
+  ];
+}
+
+export async function benchAgents(): Promise<BenchAgent[]> {
+  const dir = runDir("bench-agents");
+  const copy = (source: string, name: string) => {
+    const target = `${dir}/${name}`;
+    copyFileSync(source, target);
+    chmodSync(target, 0o755);
+    return target;
+  };
+  const trellis = copy(process.env.TRELLIS_BENCH_BINARY ?? (await trellisBinary()), "trellis");
+  const peerSource = (await runOk(["bash", peerBuildScript], { timeoutMs: 60 * 60_000 })).trim().split("\n").at(-1) ?? "";
+  const peer = copy(peerSource, "gardener-node-agent");
+  const peerVersion = (await runOk([peer, "--version"])).trim().replace(/^Kubernetes /, "");
+  return [
+    {
+      id: "trellis",
+      label: "trellis",
+      binary: trellis,
+      version: JSON.parse(await runOk([trellis, "version", "--json"])).version,
+      configName: "config.yaml",
+      rules: agentRules,
+      noopDoneMessage: "OSC applied",
+    },
+    {
+      id: "gna",
+      label: "gardener-node-agent",
+      binary: peer,
+      version: peerVersion,
+      configName: `config-${peerVersion}.yaml`,
+      rules: peerRules,
+      noopDoneMessage: "Configuration on this node is up to date, nothing to be done",
+    },
+  ];
+}

@@ -1,0 +1,40 @@
+// The API server's audit log read incrementally: the run's requests, counted where they arrive.
+import { Buffer } from "node:buffer";
+import { closeSync, fstatSync, openSync, readSync } from "node:fs";
+import type { AuditEvent } from "../../harness/rbac.ts";
+
+/** Audit timestamps carry microseconds; Date.parse keeps milliseconds only. */
+export function auditMs(ts: string): number {
+  const m = /^(.*?)(?:\.(\d+))?Z$/.exec(ts);
+  if (!m) return Date.parse(ts);
+  return Date.parse(`${m[1]}Z`) + (m[2] ? Number(`0.${m[2]}`) * 1000 : 0);
+}
+
+/** Reads the audit log incrementally (it grows by every request of the run). */
+export class AuditTail {
+  private offset = 0;
+  private rest = "";
+  readonly events: AuditEvent[] = [];
+  constructor(private readonly path: string) {}
+  poll(): AuditEvent[] {
+    const fd = openSync(this.path, "r");
+    try {
+      const size = fstatSync(fd).size;
+      if (size > this.offset) {
+        const buf = Buffer.alloc(size - this.offset);
+        readSync(fd, buf, 0, buf.length, this.offset);
+        this.offset = size;
+        const text = this.rest + buf.toString("utf8");
+        const lines = text.split("\n");
+        this.rest = lines.pop() ?? "";
+        for (const line of lines) if (line) this.events.push(JSON.parse(line) as AuditEvent);
+      }
+    } finally {
+      closeSync(fd);
+    }
+    return this.events;
+  }
+  by(user: string, fromMs = 0, toMs = Number.POSITIVE_INFINITY): AuditEvent[] {
+    return this.poll().filter((e) => e.user.username === user && auditMs(e.stageTimestamp) >= fromMs && auditMs(e.stageTimestamp) <= toMs);
+  }
+}

@@ -1,0 +1,51 @@
+// What a process inside a node costs, read from the host through /proc (spawns nothing, so sampling
+// it often does not disturb what is measured), and what the machine is.
+import { readFileSync } from "node:fs";
+import { runOk } from "../../harness/exec.ts";
+import type { Node } from "../../harness/node.ts";
+import { round } from "./stats.ts";
+
+let clockTicks = 100;
+/** Reads the kernel's clock tick (CLK_TCK) once; cpuSeconds() divides by it. */
+export async function initClockTicks(): Promise<number> {
+  clockTicks = Number((await runOk(["getconf", "CLK_TCK"])).trim());
+  return clockTicks;
+}
+export const ticksPerSecond = () => clockTicks;
+
+/** utime + stime of a process in seconds (fields 14 and 15 of proc(5)); `root` is "" for the host. */
+export function cpuSecondsAt(root: string, pid: number): number {
+  const stat = readFileSync(`${root}/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / clockTicks;
+}
+
+/** utime + stime of a process inside the node, in seconds. */
+export const cpuSeconds = async (node: Node, pid: number): Promise<number> => cpuSecondsAt(node.root, pid);
+
+export async function memoryKiB(node: Node, pid: number): Promise<{ vmRssKiB: number; vmHwmKiB: number }> {
+  const status = await node.readFile(`/proc/${pid}/status`);
+  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
+  return { vmRssKiB: kib("VmRSS"), vmHwmKiB: kib("VmHWM") };
+}
+
+export async function machineInfo() {
+  const cpuModel = /^model name\s*:\s*(.*)$/m.exec(readFileSync("/proc/cpuinfo", "utf8"))?.[1] ?? "unknown";
+  const memTotalKiB = Number(/^MemTotal:\s+(\d+)/m.exec(readFileSync("/proc/meminfo", "utf8"))?.[1]);
+  return {
+    nproc: Number((await runOk(["nproc"])).trim()),
+    cpu: cpuModel,
+    memoryGiB: round(memTotalKiB / 1048576),
+    kernel: (await runOk(["uname", "-r"])).trim(),
+    loadAvgAtStart: readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" "),
+  };
+}
+
+/** The whole machine's busy CPU between two readings, in cores. */
+export function hostCpu(): { busy: number; at: number } {
+  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "").split(/\s+/).slice(1).map(Number);
+  const idle = (f[3] ?? 0) + (f[4] ?? 0);
+  return { busy: f.slice(0, 8).reduce((a, b) => a + b, 0) - idle, at: performance.now() };
+}
+export const busyCores = (from: { busy: number; at: number }, to: { busy: number; at: number }) =>
+  round((to.busy - from.busy) / clockTicks / ((to.at - from.at) / 1000), 2);
