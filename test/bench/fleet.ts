@@ -90,6 +90,14 @@ try {
   result.baseline = { ...baseline, apiserverRssMiB: controlPlane().apiserverRssMiB };
 
   // ------------------------------------------------ the fleet
+  // Each node's systemd and journald hold ~7 inotify instances; the kernel's default of 128 per user
+  // stops the 19th node from booting (its .path units fail).
+  const inotify = "/proc/sys/fs/inotify/max_user_instances";
+  const instances = Number(readFileSync(inotify, "utf8"));
+  if (instances < 16 * NODES) {
+    writeFileSync(inotify, `${16 * NODES}\n`);
+    progress(`raised fs.inotify.max_user_instances from ${instances} to ${16 * NODES}`);
+  }
   let text = oscYaml(0, SHAPE);
   await core.createNamespacedSecret({ namespace: "kube-system", body: secretBody(secretName, text) });
   const started = wallNow();
