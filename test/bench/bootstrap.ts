@@ -5,7 +5,6 @@
 // approver would), the agent applies the OSC (a kubelet stand-in, an image file, containerd's config).
 // Each run uses a fresh node. Phases: install.sh start → CSR created → certificate issued (approval +
 // signing) → OSC applied. Writes test/bench/results/bootstrap-<date>.json.
-import { mkdirSync, writeFileSync } from "node:fs";
 import { CertificatesV1Api } from "@kubernetes/client-node";
 import { putOscSecret, waitApplied } from "../harness/agent.ts";
 import { bareNode, bareOsc, installAndApprove, pushImage, pushTrellis } from "../harness/bare-node.ts";
@@ -14,6 +13,7 @@ import { grantCsrRbac } from "../harness/bootstrap.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
 import { startRegistry } from "../harness/registry.ts";
+import { saveResult } from "./lib/results.ts";
 
 const runs = Number(process.argv[2] ?? 10);
 const secretName = "gardener-node-agent-bench";
@@ -54,10 +54,7 @@ try {
     phases: { installToCsrCreated: stat("toCsrS"), csrApprovedToCertificate: stat("certificateS"), certificateToOscApplied: stat("applyS") },
     samples,
   };
-  console.log(JSON.stringify(result, null, 2));
-  const dir = new URL("./results/", import.meta.url).pathname;
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(`${dir}/bootstrap-${result.date.slice(0, 10)}.json`, `${JSON.stringify(result, null, 2)}\n`);
+  saveResult("bootstrap", result, result.date.slice(0, 10));
 } finally {
   await registry.stop();
   await cluster.stop();

@@ -23,22 +23,24 @@
 // that neither agent's health check restarts a kubelet that was never there.
 // Prints progress and the table on stderr, the JSON on stdout, and writes the JSON to
 // test/bench/results/compare-<date>.json. About 20 minutes with the defaults (10 of them steady state).
-import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api, VersionApi } from "@kubernetes/client-node";
 import { compress, tarLayer } from "../../build/oci-layout.ts";
 import { binaryPathInImage } from "../../build/trellis-image.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { type AgentNode, mainPid, readNode, startAgentNode } from "../harness/agent.ts";
+import { type AgentNode, mainPid, readNode, startAgentNode, unitProperty } from "../harness/agent.ts";
 import { type ByteProxy, startByteProxy } from "../harness/byte-proxy.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 import type { Node } from "../harness/node.ts";
 import type { AuditEvent } from "../harness/rbac.ts";
 import { type AgentId, type BenchAgent, benchAgents } from "./lib/agents.ts";
-import { AuditTail, auditMs } from "./lib/audit.ts";
+import { AuditTail, auditMs, countByKind, waitWatching } from "./lib/audit.ts";
 import { expectedStarts, oscYaml, secretBody, starts, UNITS, unitName } from "./lib/bench-osc.ts";
+import { journal, type JournalLine } from "./lib/journal.ts";
 import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
+import { saveResult } from "./lib/results.ts";
 import { median, round, type Summary, summary } from "./lib/stats.ts";
 
 const { values: args } = parseArgs({
@@ -63,31 +65,11 @@ const sleep = (ms: number) => Bun.sleep(ms);
 /** Alternates who goes first: run k starts with agent k mod 2. */
 const turns = <T>(xs: T[], k: number): T[] => (k % 2 === 0 ? xs : [...xs].reverse());
 
-type Bench = AgentNode & { agent: BenchAgent; proxy: ByteProxy; secretName: string; user: string };
+type Bench = AgentNode & { agent: BenchAgent; proxy: ByteProxy; secretName: string };
 
 // ---------------------------------------------------------------- observing
 
-type JournalLine = { msg: string; monoUs: number };
-/** The agent's log lines (both log JSON with a `msg` field) with journald's monotonic receive time. */
-async function journal(node: Node, pid: number): Promise<JournalLine[]> {
-  const out = await node.execOk(["journalctl", `_PID=${pid}`, "-o", "json", "--output-fields=MESSAGE", "--no-pager"]);
-  return out.split("\n").flatMap((line) => {
-    if (!line) return [];
-    const entry = JSON.parse(line) as { MESSAGE?: unknown; __MONOTONIC_TIMESTAMP: string };
-    if (typeof entry.MESSAGE !== "string" || !entry.MESSAGE.startsWith("{")) return [];
-    try {
-      const msg = String((JSON.parse(entry.MESSAGE) as { msg?: unknown }).msg);
-      return [{ msg, monoUs: Number(entry.__MONOTONIC_TIMESTAMP) }];
-    } catch {
-      return []; // a line that merely starts with "{"
-    }
-  });
-}
 const noopDone = (b: Bench, lines: JournalLine[]) => lines.filter((l) => l.msg === b.agent.noopDoneMessage);
-
-async function waitWatching(audit: AuditTail, b: Bench): Promise<void> {
-  await waitFor(`${b.name}'s agent to watch its Secret`, () => audit.by(b.user).some((e) => e.verb === "watch" && e.objectRef?.resource === "secrets"), 60_000, 20);
-}
 
 /** Polls the Node until it carries `checksum`; then the agent's last metadata PATCH of the Node up to that moment is the one that set it. */
 async function annotationPatchMs(audit: AuditTail, b: Bench, checksum: string, fromMs: number): Promise<number> {
@@ -100,10 +82,6 @@ async function annotationPatchMs(audit: AuditTail, b: Bench, checksum: string, f
 
 async function unitStartsAll(node: Node): Promise<number[][]> {
   return Promise.all(Array.from({ length: UNITS }, (_, u) => starts(node, u)));
-}
-
-async function systemdShow(node: Node, prop: string): Promise<number> {
-  return Number((await node.execOk(["systemctl", "show", "-P", prop, "gardener-node-agent.service"])).trim());
 }
 
 // ---------------------------------------------------------------- setting up
@@ -143,7 +121,7 @@ async function startBench(agent: BenchAgent, syncPeriod = "10m"): Promise<Bench>
     containerd: true,
     start: false,
   });
-  const b: Bench = { ...a, agent, proxy, secretName, user: `gardener.cloud:node-agent:machine:${a.name}` };
+  const b: Bench = { ...a, agent, proxy, secretName };
   benches.push(b);
   await a.node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
   return b;
@@ -179,7 +157,7 @@ try {
   for (let r = 0; r < RUNS; r++) {
     for (const agent of turns(agents, r)) {
       const b = await startBench(agent);
-      await waitWatching(audit, b);
+      await waitWatching(audit, b.user);
       await sleep(1_000); // let the start-up settle
       const bytes0 = b.proxy.counts().received;
       const t0 = wallNow();
@@ -231,8 +209,8 @@ try {
   const startup: Record<AgentId, number[]> = { trellis: [], gna: [] };
   const restartAndWait = async (b: Bench): Promise<number> => {
     await b.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
-    const pid = await systemdShow(b.node, "MainPID");
-    const startUs = await systemdShow(b.node, "ExecMainStartTimestampMonotonic");
+    const pid = await mainPid(b, "gardener-node-agent.service");
+    const startUs = Number(await unitProperty(b.node, "gardener-node-agent.service", "ExecMainStartTimestampMonotonic"));
     const done = await waitFor(`${b.agent.label}'s first reconcile after a restart`, async () => noopDone(b, await journal(b.node, pid))[0], 60_000, 50);
     return (done.monoUs - startUs) / 1000;
   };
@@ -296,19 +274,15 @@ try {
     const cpu = (await cpuSeconds(s.b.node, s.pid)) - s.cpu;
     if ((await mainPid(s.b, "gardener-node-agent.service")) !== s.pid) throw new Error(`${s.b.agent.label} restarted during the steady state`);
     const requests = audit.by(s.b.user, t0, t1).filter((e) => e.stage === "ResponseComplete" || e.verb === "watch");
-    const byKind = new Map<string, number>();
-    for (const e of requests.filter((e) => e.stage === "ResponseComplete")) {
-      const key = `${e.verb} ${e.objectRef?.resource ?? e.requestURI}${e.objectRef?.resource === "nodes" && e.requestURI.includes("/status") ? "/status" : ""}`;
-      byKind.set(key, (byKind.get(key) ?? 0) + 1);
-    }
+    const byKind = countByKind(requests.filter((e) => e.stage === "ResponseComplete"));
     const hours = (t1 - t0) / 3_600_000;
     const bytes = s.b.proxy.counts();
     steady[s.b.agent.id] = {
       minutes: round((t1 - t0) / 60_000, 2),
       rssMiB: summary(s.rss),
       cpuSeconds: round(cpu, 2),
-      apiRequestsPerHour: round([...byKind.values()].reduce((x, y) => x + y, 0) / hours, 0),
-      byVerbAndResourcePerHour: Object.fromEntries([...byKind].sort().map(([k, n]) => [k, round(n / hours, 0)])),
+      apiRequestsPerHour: round(byKind.reduce((x, [, n]) => x + n, 0) / hours, 0),
+      byVerbAndResourcePerHour: Object.fromEntries(byKind.map(([k, n]) => [k, round(n / hours, 0)])),
       receivedKiBPerHour: round((bytes.received - s.bytes.received) / 1024 / hours, 1),
       sentKiBPerHour: round((bytes.sent - s.bytes.sent) / 1024 / hours, 1),
       newConnections: bytes.connections - s.bytes.connections,
@@ -329,14 +303,13 @@ try {
   }
   mark("");
 
-  const s = (xs: number[], digits = 1) => summary(xs, digits);
-  result.firstApply = Object.fromEntries(agents.map((a) => [a.id, { createToAnnotationMs: s(firstApply[a.id].toAnnotationMs), createToAllUnitsStartedMs: s(firstApply[a.id].toAllUnitsMs), receivedKiB: s(firstApply[a.id].receivedKiB) }]));
+  result.firstApply = Object.fromEntries(agents.map((a) => [a.id, { createToAnnotationMs: summary(firstApply[a.id].toAnnotationMs), createToAllUnitsStartedMs: summary(firstApply[a.id].toAllUnitsMs), receivedKiB: summary(firstApply[a.id].receivedKiB) }]));
   result.reactionLatency = {
-    ...Object.fromEntries(agents.map((a) => [a.id, { toUnitRestartMs: s(reaction[a.id].toRestartMs), toAnnotationMs: s(reaction[a.id].toAnnotationMs) }])),
+    ...Object.fromEntries(agents.map((a) => [a.id, { toUnitRestartMs: summary(reaction[a.id].toRestartMs), toAnnotationMs: summary(reaction[a.id].toAnnotationMs) }])),
     otherUnitsRestarted: otherRestarts,
   };
-  result.startup = Object.fromEntries(agents.map((a) => [a.id, { processStartToFirstReconcileMs: s(startup[a.id]) }]));
-  result.noopRecheck = Object.fromEntries(agents.map((a) => [a.id, { toAnnotationMs: s(noop[a.id].toAnnotationMs), cpuMs: s(noop[a.id].cpuMs), apiRequests: s(noop[a.id].apiRequests, 0) }]));
+  result.startup = Object.fromEntries(agents.map((a) => [a.id, { processStartToFirstReconcileMs: summary(startup[a.id]) }]));
+  result.noopRecheck = Object.fromEntries(agents.map((a) => [a.id, { toAnnotationMs: summary(noop[a.id].toAnnotationMs), cpuMs: summary(noop[a.id].cpuMs), apiRequests: summary(noop[a.id].apiRequests, 0) }]));
   result.steady = steady;
   result.sizes = sizes;
   result.hostCpuBusyCores = phaseCpu;
@@ -350,11 +323,7 @@ try {
 // ---------------------------------------------------------------- output
 
 const date = new Date().toISOString().slice(0, 10);
-const json = JSON.stringify({ date, ...result }, null, 2);
-console.log(json);
-const dir = new URL("./results/", import.meta.url).pathname;
-mkdirSync(dir, { recursive: true });
-writeFileSync(`${dir}compare-${date}.json`, `${json}\n`);
+const saved = saveResult("compare", { date, ...result }, date);
 
 type PerAgent<T> = Record<AgentId, T>;
 const r = result as {
@@ -392,6 +361,6 @@ console.error(
     `machine: ${machine.nproc} cores (${machine.cpu}), ${machine.memoryGiB} GiB, kernel ${machine.kernel}; trellis ${v.trellis.version} (bun ${v.bun}), gardener-node-agent ${v.gna.version}, kube-apiserver ${v.kubeApiserver}`,
     `${"".padEnd(48)} ${"trellis median (min–max)".padEnd(28)} ${"gardener-node-agent".padEnd(28)} trellis/peer`,
     ...rows.map(([what, x, unit]) => `${what.padEnd(48)} ${cell(x.trellis).padEnd(28)} ${cell(x.gna).padEnd(28)} ${ratio(mid(x.trellis), mid(x.gna)).padStart(6)}  ${unit}`),
-    `written to test/bench/results/compare-${date}.json`,
+    `written to ${saved}`,
   ].join("\n"),
 );

@@ -10,17 +10,19 @@
 // Nodes are started while MemAvailable stays above 3 GiB; the result says how many ran.
 // Writes test/bench/results/fleet-<date>.json.
 import { Buffer } from "node:buffer";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { type AgentNode, startAgentNode } from "../harness/agent.ts";
+import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
+import { type AgentNode, mainPid, startAgentNode } from "../harness/agent.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 import type { AuditEvent } from "../harness/rbac.ts";
-import { AuditTail, auditMs } from "./lib/audit.ts";
+import { AuditTail, auditMs, countByKind } from "./lib/audit.ts";
 import { type OscShape, oscYaml, secretBody } from "./lib/bench-osc.ts";
-import { cpuSecondsAt, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
+import { cpuSecondsAt, initClockTicks, machineInfo, memoryKiB, procKiB } from "./lib/proc.ts";
+import { saveResult } from "./lib/results.ts";
 import { round, summary } from "./lib/stats.ts";
 
 const { values: args } = parseArgs({
@@ -39,7 +41,6 @@ const TARGET = 5_000;
 const SHAPE: OscShape = { units: 8, filesPerUnit: 4 };
 const MIN_AVAILABLE_KIB = 3 * 1024 * 1024;
 const secretName = "gardener-node-agent-fleet";
-const agentPrefix = "gardener.cloud:node-agent:machine:";
 
 const benchStart = performance.now();
 const progress = (msg: string) => console.error(`[${((performance.now() - benchStart) / 1000).toFixed(1).padStart(7)} s] ${msg}`);
@@ -58,22 +59,18 @@ const result: Record<string, unknown> = { date: new Date().toISOString().slice(0
 function controlPlane() {
   const { apiserver, etcd } = cluster.pids();
   if (!apiserver || !etcd) throw new Error("the control plane is not running");
-  const rssKiB = Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${apiserver}/status`, "utf8"))?.[1]);
-  return { at: wallNow(), apiserver: cpuSecondsAt("", apiserver), etcd: cpuSecondsAt("", etcd), apiserverRssMiB: round(rssKiB / 1024) };
+  const { VmRSS } = procKiB("", apiserver, "status", ["VmRSS"]);
+  return { at: wallNow(), apiserver: cpuSecondsAt("", apiserver), etcd: cpuSecondsAt("", etcd), apiserverRssMiB: round(VmRSS / 1024) };
 }
 type Sample = ReturnType<typeof controlPlane>;
-const isAgent = (e: AuditEvent) => e.user.username.startsWith(agentPrefix);
+const isAgent = (e: AuditEvent) => e.user.username.startsWith(nodeAgentUserPrefix);
 /** Completed requests (a watch counts once, when it ends or is cut) of the agents in a window. */
 function agentRequests(fromMs: number, toMs: number): AuditEvent[] {
   return audit.poll().filter((e) => isAgent(e) && e.stage === "ResponseComplete" && auditMs(e.stageTimestamp) >= fromMs && auditMs(e.stageTimestamp) <= toMs);
 }
 function byKind(events: AuditEvent[], seconds: number) {
-  const m = new Map<string, number>();
-  for (const e of events) {
-    const key = `${e.verb} ${e.objectRef?.resource ?? e.requestURI}${e.requestURI.includes("/status") ? "/status" : ""}`;
-    m.set(key, (m.get(key) ?? 0) + 1);
-  }
-  return Object.fromEntries([...m].sort((a, b) => b[1] - a[1]).map(([k, n]) => [k, { count: n, perSecond: round(n / seconds, 3) }]));
+  const counts = countByKind(events).sort((a, b) => b[1] - a[1]);
+  return Object.fromEntries(counts.map(([k, n]) => [k, { count: n, perSecond: round(n / seconds, 3) }]));
 }
 function window(from: Sample, to: Sample) {
   const s = (to.at - from.at) / 1000;
@@ -123,7 +120,7 @@ try {
   await waitFor("every node to apply the OSC", async () => (await annotated(sha256Hex(text))) === agents.length, 300_000, 1_000);
   const n = agents.length;
   const agentRss = await Promise.all(
-    agents.map(async (a) => (await memoryKiB(a.node, Number((await a.node.execOk(["systemctl", "show", "-P", "MainPID", "gardener-node-agent.service"])).trim()))).vmRssKiB / 1024),
+    agents.map(async (a) => (await memoryKiB(a.node, await mainPid(a, "gardener-node-agent.service"))).vmRssKiB / 1024),
   );
 
   // ------------------------------------------------ steady state
@@ -182,8 +179,7 @@ try {
   const rolloutCpuPerNode = ((r1.apiserver - r0.apiserver) - baseline.apiserverCores * rolloutWindow.seconds) / n;
   const secretBytes = Buffer.byteLength(JSON.stringify(secretBody(secretName, text)));
   // What one agent keeps a watch open on: the distinct resources its watch requests named.
-  const oneAgent = `${agentPrefix}${agents[0]?.name}`;
-  const watched = [...new Set(audit.poll().filter((e) => e.user.username === oneAgent && e.verb === "watch").map((e) => e.objectRef?.resource ?? "?"))].sort();
+  const watched = [...new Set(audit.by(agents[0]?.user ?? "").filter((e) => e.verb === "watch").map((e) => e.objectRef?.resource ?? "?"))].sort();
   const watchesPerAgent = watched.length;
   result.perNode = {
     requestsPerSecond: round(perNodeRate, 4),
@@ -208,11 +204,7 @@ try {
   await cluster.stop();
 }
 
-const json = JSON.stringify(result, null, 2);
-console.log(json);
-const out = new URL("./results/", import.meta.url).pathname;
-mkdirSync(out, { recursive: true });
-writeFileSync(`${out}fleet-${result.date}.json`, `${json}\n`);
+const saved = saveResult("fleet", result, result.date as string);
 const r = result as { steady: { nodes: number; agentRequestsPerSecond: number; apiserverCores: number; etcdCores: number }; baseline: { apiserverCores: number }; rollout: { lastNodeMs: number; toNodeAnnotatedMs: { median: number } }; extrapolated: Record<string, string> };
 console.error(
   [
@@ -220,6 +212,6 @@ console.error(
     `${r.steady.nodes} nodes: ${r.steady.agentRequestsPerSecond} agent requests/s, kube-apiserver ${r.steady.apiserverCores} cores (idle ${r.baseline.apiserverCores}), etcd ${r.steady.etcdCores} cores`,
     `rollout to all: median ${r.rollout.toNodeAnnotatedMs.median} ms, last node ${r.rollout.lastNodeMs} ms`,
     ...Object.entries(r.extrapolated).map(([k, v]) => `${TARGET} nodes, ${k}: ${v}`),
-    `written to test/bench/results/fleet-${result.date}.json`,
+    `written to ${saved}`,
   ].join("\n"),
 );

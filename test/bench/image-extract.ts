@@ -44,7 +44,6 @@ try {
   const upstream = "registry.example.invalid";
   mkdirSync(`${dir}/certs.d/${upstream}`, { recursive: true });
   writeFileSync(`${dir}/certs.d/${upstream}/hosts.toml`, `[host."http://${registry.host}"]\n  capabilities = ["pull", "resolve"]\n`);
-  const log = createLogger({ level: "warn" });
   const results: Record<string, unknown> = {};
 
   for (const [compression, level] of [

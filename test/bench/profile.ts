@@ -11,17 +11,20 @@
 // memory is broken down from /proc/PID/smaps_rollup (file-backed: pages of the binary; anonymous: heaps)
 // and its /metrics (the JavaScript heap).
 // Writes test/bench/results/profile-<date>.json and prints the top functions per phase.
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { mainPid, readNode, startAgentNode } from "../harness/agent.ts";
+import { mainPid, readNode, startAgentNode, unitProperty } from "../harness/agent.ts";
 import { repoRoot } from "../harness/binary.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
 import type { Node } from "../harness/node.ts";
 import { type CpuProfile, profileWindow } from "./lib/cpuprofile.ts";
 import { oscYaml, secretBody, starts } from "./lib/bench-osc.ts";
+import { journal } from "./lib/journal.ts";
+import { procKiB } from "./lib/proc.ts";
+import { saveResult } from "./lib/results.ts";
 
 const { values: args } = parseArgs({ options: { "steady-minutes": { type: "string", default: "3" } } });
 const STEADY_MINUTES = Number(args["steady-minutes"]);
@@ -62,15 +65,14 @@ try {
   }
   await Bun.sleep(30_000);
   const plainPid = await mainPid(a, "gardener-node-agent.service");
-  const smaps = await a.node.readFile(`/proc/${plainPid}/smaps_rollup`);
-  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(smaps)?.[1] ?? NaN);
+  const { Rss, Anonymous } = procKiB(a.node.root, plainPid, "smaps_rollup", ["Rss", "Anonymous"]);
   const metrics = await (await fetch(`http://127.0.0.1:${a.metricsPort}/metrics`)).text();
   const gauge = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(metrics)?.[1] ?? NaN);
   const mib = (bytes: number) => Math.round(bytes / 104857.6) / 10;
   result.memoryAfterWorkMiB = {
-    rss: mib(kib("Rss") * 1024),
-    anonymous: mib(kib("Anonymous") * 1024),
-    fileBacked: mib((kib("Rss") - kib("Anonymous")) * 1024),
+    rss: mib(Rss * 1024),
+    anonymous: mib(Anonymous * 1024),
+    fileBacked: mib((Rss - Anonymous) * 1024),
     jsHeapUsed: mib(gauge("nodejs_heap_size_used_bytes")),
     jsHeapTotal: mib(gauge("nodejs_heap_size_total_bytes")),
     external: mib(gauge("nodejs_external_memory_bytes")),
@@ -86,19 +88,11 @@ try {
   await a.node.execOk(["mkdir", "-p", profileDir]);
   await a.node.execOk(["systemctl", "daemon-reload"]);
   await a.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
-  const startUs = Number((await a.node.execOk(["systemctl", "show", "-P", "ExecMainStartTimestampMonotonic", "gardener-node-agent.service"])).trim());
+  const startUs = Number(await unitProperty(a.node, "gardener-node-agent.service", "ExecMainStartTimestampMonotonic"));
   const pid = await mainPid(a, "gardener-node-agent.service");
   const ms = (us: number) => (us - startUs) / 1000;
-  const applied = await waitFor(
-    "the first reconcile",
-    async () => {
-      const out = await a.node.execOk(["journalctl", `_PID=${pid}`, "-o", "json", "--output-fields=MESSAGE", "--no-pager"]);
-      return out.split("\n").filter(Boolean).map((l) => JSON.parse(l) as { MESSAGE?: unknown; __MONOTONIC_TIMESTAMP: string }).find((e) => typeof e.MESSAGE === "string" && e.MESSAGE.includes('"msg":"OSC applied"'));
-    },
-    60_000,
-    50,
-  );
-  const windows: Record<string, [number, number]> = { "start-up → first reconcile": [0, ms(Number(applied.__MONOTONIC_TIMESTAMP))] };
+  const applied = await waitFor("the first reconcile", async () => (await journal(a.node, pid)).find((l) => l.msg === "OSC applied"), 60_000, 50);
+  const windows: Record<string, [number, number]> = { "start-up → first reconcile": [0, ms(applied.monoUs)] };
   await Bun.sleep(3_000);
 
   const noop0 = await marker(a.node, "no-op re-checks");
@@ -139,11 +133,7 @@ try {
   await cluster.stop();
 }
 
-const json = JSON.stringify(result, null, 2);
-console.log(json);
-const out = new URL("./results/", import.meta.url).pathname;
-mkdirSync(out, { recursive: true });
-writeFileSync(`${out}profile-${result.date}.json`, `${json}\n`);
+saveResult("profile", result, result.date as string);
 for (const [name, w] of Object.entries(result.windows as Record<string, ReturnType<typeof profileWindow>>)) {
   console.error(`\n${name}: ${w.busyMs} ms busy of ${w.sampledMs} ms sampled`);
   console.error(`  self:      ${w.self.slice(0, 8).map((f) => `${f.fn} ${f.percent}%`).join("; ")}`);

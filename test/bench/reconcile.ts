@@ -18,7 +18,7 @@
 // busy CPU: rerun when a phase had company (see sharedMachine in the JSON).
 //
 // Restarts are observed by the units themselves (test/bench/lib/bench-osc.ts).
-import { chmodSync, copyFileSync, readdirSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
+import { chmodSync, copyFileSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { CoreV1Api, VersionApi } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { type AgentNode, mainPid, readNode, startAgentNode } from "../harness/agent.ts";
@@ -27,9 +27,10 @@ import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { runDir, runOk, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import type { AuditEvent } from "../harness/rbac.ts";
-import { AuditTail, auditMs } from "./lib/audit.ts";
+import { AuditTail, auditMs, waitWatching } from "./lib/audit.ts";
 import { baseContents, expectedStarts, FILES_PER_UNIT, oscYaml, secretBody, starts, UNITS, unitName } from "./lib/bench-osc.ts";
 import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB, ticksPerSecond } from "./lib/proc.ts";
+import { saveResult } from "./lib/results.ts";
 import { median, round, summary } from "./lib/stats.ts";
 
 const FIRST_APPLY_RUNS = 3;
@@ -50,7 +51,6 @@ const sleep = (ms: number) => Bun.sleep(ms);
 
 // ---------------------------------------------------------------- observing the node and the server
 
-const agentUser = (a: AgentNode) => `gardener.cloud:node-agent:machine:${a.name}`;
 const describeRequest = (e: AuditEvent) => `${e.stage} ${e.verb} ${e.requestURI}`;
 /** Splits the agent's requests: watches (and their resumptions), its heartbeat Lease (kube-system/gardener-node-agent-<node>, renewed every 10 s), the rest. */
 function classify(events: AuditEvent[]) {
@@ -64,7 +64,7 @@ function classify(events: AuditEvent[]) {
 /** The agent's PATCH that set the Node's checksum annotation (metadata, not status). */
 function annotationPatch(audit: AuditTail, a: AgentNode, fromMs: number): AuditEvent | undefined {
   return audit
-    .by(agentUser(a), fromMs)
+    .by(a.user, fromMs)
     .find((e) => e.verb === "patch" && e.stage === "ResponseComplete" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status"));
 }
 
@@ -108,10 +108,6 @@ function timedSummary(runs: Timed[]) {
   };
 }
 
-/** Until the agent's Secret watch is open (audit: ResponseStarted of its WATCH), so it sees the creation as an event. */
-async function waitWatching(audit: AuditTail, a: AgentNode): Promise<void> {
-  await waitFor(`${a.name}'s agent to watch its Secret`, () => audit.by(agentUser(a)).some((e) => e.verb === "watch" && e.objectRef?.resource === "secrets"), 30_000, 20);
-}
 async function waitAnnotation(a: AgentNode, checksum: string, timeoutMs = 120_000): Promise<number> {
   await waitFor(`${a.name} to report ${checksum.slice(0, 12)}`, async () => (await readNode(a)).metadata?.annotations?.[CHECKSUM_ANNOTATION] === checksum, timeoutMs, 20);
   return wallNow();
@@ -200,7 +196,7 @@ try {
     nodes.push(a.node);
     await a.node.install(binary, "/opt/bin/gardener-node-agent");
     await a.node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
-    await waitWatching(audit, a);
+    await waitWatching(audit, a.user);
     await sleep(500); // let the agent's start-up settle
     const body = secretBody(secretName, text0);
     const checksum = sha256Hex(text0);
@@ -235,7 +231,7 @@ try {
   const cpu1 = await cpuSeconds(a.node, pid);
   const idleTo = wallNow();
   const memIdle = await memoryKiB(a.node, pid);
-  const idleRequests = audit.by(agentUser(a), idleFrom, idleTo);
+  const idleRequests = audit.by(a.user, idleFrom, idleTo);
   const idleCpuPerS = (cpu1 - cpu0) / ((idleTo - idleFrom) / 1000);
   result.idleAgent = {
     seconds: IDLE_SECONDS,
@@ -355,7 +351,7 @@ try {
     // 1 s after this one logged; the idle CPU in between is ~0 (measured above).
     const from = prevEnd + 10_000;
     const to = end + 1_000;
-    const requests = audit.by(agentUser(a), from, to);
+    const requests = audit.by(a.user, from, to);
     const windowCpuMs = (cpuAt(to) - cpuAt(from)) * 1000;
     return {
       cpuMs: round(windowCpuMs - idleCpuPerS * (to - from)), // idle s/s × window ms = ms
@@ -368,7 +364,7 @@ try {
     };
   });
   const memAfter = await memoryKiB(a.node, pid2);
-  const phase = audit.by(agentUser(a), Date.parse(startupCheck.ts) + 1_000, wallNow());
+  const phase = audit.by(a.user, Date.parse(startupCheck.ts) + 1_000, wallNow());
   result.noopRecheck = {
     trellisPlan: {
       ...timedSummary(planRuns),
@@ -439,11 +435,7 @@ try {
 // ---------------------------------------------------------------- output
 
 const date = new Date().toISOString().slice(0, 10);
-const json = JSON.stringify({ date, ...result }, null, 2);
-console.log(json);
-const dir = new URL("./results/", import.meta.url).pathname;
-mkdirSync(dir, { recursive: true });
-writeFileSync(`${dir}reconcile-${date}.json`, `${json}\n`);
+const saved = saveResult("reconcile", { date, ...result }, date);
 
 type S = { median: number; p99: number; min: number; max: number };
 const r = result as {
@@ -477,6 +469,6 @@ console.error(
     `idle agent: VmRSS ${r.idleAgent.vmRssMiB} MiB, CPU ${r.idleAgent.cpuSeconds} s in ${IDLE_SECONDS} s, API requests ${r.idleAgent.apiRequests.length} (+${r.idleAgent.leaseRequests} for its Lease); trellis plan peak RSS ${r.noopRecheck.trellisPlan.maxRssMiBMedian} MiB`,
     `other test runs' kube-apiservers seen per phase: ${Object.entries(foreignApiservers).map(([p, n]) => `${p} ${n}`).join(", ")}`,
     `host CPU busy per phase (cores of ${(result.machine as { nproc: number }).nproc}, this run included): ${Object.entries(hostCpuBusyCores).map(([p, n]) => `${p} ${n}`).join(", ")}`,
-    `written to test/bench/results/reconcile-${date}.json`,
+    `written to ${saved}`,
   ].join("\n"),
 );

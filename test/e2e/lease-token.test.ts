@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer, type Socket } from "node:net";
-import { CoordinationV1Api, CoreV1Api, KubeConfig, type V1Lease, type V1Node } from "@kubernetes/client-node";
+import { CoreV1Api, KubeConfig, type V1Lease, type V1Node } from "@kubernetes/client-node";
 import { leaseName, startLeaseController } from "../../src/controllers/lease.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
 import { startTokenController, type TokenSyncConfig } from "../../src/controllers/token.ts";
@@ -49,8 +49,6 @@ function logs(): Logs {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe("lease", () => {
-  const leases = () => cluster.admin().makeApiClient(CoordinationV1Api);
-
   /** The Lease as kube-apiserver sends it (client-node would decode the times); undefined when there is none. */
   async function rawLease(name: string): Promise<{ text: string; lease: V1Lease & { spec?: { renewTime?: string } } } | undefined> {
     const res = await kubeGet(admin, `/apis/coordination.k8s.io/v1/namespaces/${namespace}/leases/${name}`, {}, AbortSignal.timeout(10_000));

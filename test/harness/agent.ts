@@ -7,6 +7,7 @@ import { readFileSync } from "node:fs";
 import { CoreV1Api, type CoreV1Event, type V1Node } from "@kubernetes/client-node";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
+import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { trellisBinary } from "./binary.ts";
 import type { Cluster } from "./cluster.ts";
 import { freePort, waitFor } from "./exec.ts";
@@ -16,7 +17,8 @@ import { userWithRules } from "./rbac.ts";
 /** The unit `trellis bootstrap` writes, restarting after 1 s instead of 5 (tests restart the agent). */
 export const agentUnitText = agentUnitContent({ restartSec: 1 });
 
-export type AgentNode = { node: Node; name: string; core: CoreV1Api; healthPort: number; metricsPort: number };
+/** `user`: the agent's user name at the API server (its client certificate's CN), as the audit log records it. */
+export type AgentNode = { node: Node; name: string; user: string; core: CoreV1Api; healthPort: number; metricsPort: number };
 
 /** Rules of docs/rbac.md for an agent reading `secrets` (the OSC secret and its secretRefs). */
 export function agentRules(secrets: string[]) {
@@ -59,7 +61,7 @@ export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): 
   await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
   const registered = await core.readNode({ name: node.name });
   await core.replaceNodeStatus({ name: node.name, body: { ...registered, status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } });
-  const user = `gardener.cloud:node-agent:machine:${node.name}`;
+  const user = nodeAgentUserPrefix + node.name;
   const { kubeconfig } = await userWithRules(cluster, user, opts.rules ?? agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
   const kubeconfigText = readFileSync(kubeconfig, "utf8");
   await node.writeFile("/var/lib/gardener-node-agent/credentials/kubeconfig", opts.server ? kubeconfigText.replace(cluster.server, opts.server) : kubeconfigText, 0o600);
@@ -85,7 +87,7 @@ controllers:
   await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
   await node.execOk(["systemctl", "daemon-reload"]);
   if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
-  return { node, name: node.name, core, healthPort, metricsPort };
+  return { node, name: node.name, user, core, healthPort, metricsPort };
 }
 
 /** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */
@@ -131,6 +133,11 @@ export async function nodeEvents(a: AgentNode): Promise<CoreV1Event[]> {
   return list.items;
 }
 
+/** A property of a systemd unit in the node (`systemctl show -P`). */
+export async function unitProperty(node: Node, unit: string, property: string): Promise<string> {
+  return (await node.execOk(["systemctl", "show", "-P", property, unit])).trim();
+}
+
 export async function mainPid(a: AgentNode, unit: string): Promise<number> {
-  return Number((await a.node.execOk(["systemctl", "show", "-P", "MainPID", unit])).trim());
+  return Number(await unitProperty(a.node, unit, "MainPID"));
 }

@@ -6,6 +6,7 @@ import { readFileSync } from "node:fs";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
+import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { writeLayout } from "../../build/oci-layout.ts";
 import { trellisImageSpec } from "../../build/trellis-image.ts";
 import { type AgentNode, agentRules } from "./agent.ts";
@@ -44,7 +45,7 @@ export type BareNode = AgentNode & { machine: string; bootstrapUser: string };
 export async function bareNode(cluster: Cluster, registry: Registry, prefix: string, secretName: string): Promise<BareNode> {
   const node = await bootNode(prefix, { net: "host", containerd: true });
   const machine = `machine-${node.name}`;
-  const user = `gardener.cloud:node-agent:machine:${machine}`;
+  const user = nodeAgentUserPrefix + machine;
   const core = cluster.admin().makeApiClient(CoreV1Api);
   await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
   await userWithRules(cluster, user, agentRules([secretName]));
@@ -70,7 +71,7 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
   await node.writeFile(`${agentBase}/machine-name`, `${machine}\n`, 0o644);
   await node.writeFile(`${agentBase}/credentials/bootstrap-token`, token.token, 0o600);
   await node.install(`${repoRoot}/install.sh`, "/var/lib/cloud/install.sh", 0o755);
-  return { node, name: node.name, core, healthPort, metricsPort, machine, bootstrapUser: token.user };
+  return { node, name: node.name, user, core, healthPort, metricsPort, machine, bootstrapUser: token.user };
 }
 
 /**

@@ -37,7 +37,7 @@ export type AuditEvent = {
   verb: string;
   requestURI: string;
   user: { username: string };
-  objectRef?: { resource?: string; namespace?: string; name?: string };
+  objectRef?: { resource?: string; subresource?: string; namespace?: string; name?: string };
   responseStatus?: { code?: number };
   stageTimestamp: string;
 };

@@ -755,7 +755,7 @@ function drift(r: Rng, sim: Sim): void {
     else if (what === "edit") sim.disk.set(path, { sha256: sha256Hex(`edited ${path}`), mode: sim.disk.get(path)?.mode ?? 0o600 });
     else sim.disk.set(path, { sha256: sim.disk.get(path)?.sha256 ?? "", mode: 0o777 });
   }
-  for (const [name, s] of sim.units) {
+  for (const s of sim.units.values()) {
     if (r.chance(0.1)) s.activeState = r.pick(["active", "inactive", "failed"]);
     if (r.chance(0.1) && s.unitFileState === "enabled") s.unitFileState = "disabled";
   }

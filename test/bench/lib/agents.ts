@@ -26,18 +26,17 @@ const peerBuildScript = new URL("../../peer/build.sh", import.meta.url).pathname
 
 /**
  * gardener-node-agent's RBAC, from what its manager's caches and controllers ask (Gardener grants it
- * through its node-agent authorizer webhook; this is the same set as plain RBAC): besides trellis's
- * rules, a Pod informer (spec.nodeName=<node>), a Lease informer, update on Node and nodes/status,
- * and events in the events.k8s.io group.
+ * through its node-agent authorizer webhook; this is the same set as plain RBAC): trellis's rules, and
+ * on top a Lease informer, update on Node and nodes/status, a Pod informer (spec.nodeName=<node>), and
+ * events in any namespace and in the events.k8s.io group.
  */
 function peerRules(secrets: string[]) {
   return [
-    { namespace: "kube-system", rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: secrets, verbs: ["get", "list", "watch"] }] },
-    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["get", "list", "watch", "create", "update"] }] },
+    ...agentRules(secrets),
+    { namespace: "kube-system", rules: [{ apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["list", "watch"] }] },
     {
       rules: [
-        { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch", "update"] },
-        { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch", "update"] },
+        { apiGroups: [""], resources: ["nodes", "nodes/status"], verbs: ["update"] },
         { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch"] },
         { apiGroups: ["", "events.k8s.io"], resources: ["events"], verbs: ["create", "patch"] },
       ],

@@ -23,10 +23,16 @@ export function cpuSecondsAt(root: string, pid: number): number {
 /** utime + stime of a process inside the node, in seconds. */
 export const cpuSeconds = async (node: Node, pid: number): Promise<number> => cpuSecondsAt(node.root, pid);
 
+/** Fields of a /proc file made of "Key:  N kB" lines (status, smaps_rollup), in KiB; `root` is "" for the host. */
+export function procKiB<K extends string>(root: string, pid: number, file: string, keys: K[]): Record<K, number> {
+  const text = readFileSync(`${root}/proc/${pid}/${file}`, "utf8");
+  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(text)?.[1] ?? NaN);
+  return Object.fromEntries(keys.map((k) => [k, kib(k)])) as Record<K, number>;
+}
+
 export async function memoryKiB(node: Node, pid: number): Promise<{ vmRssKiB: number; vmHwmKiB: number }> {
-  const status = await node.readFile(`/proc/${pid}/status`);
-  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
-  return { vmRssKiB: kib("VmRSS"), vmHwmKiB: kib("VmHWM") };
+  const { VmRSS, VmHWM } = procKiB(node.root, pid, "status", ["VmRSS", "VmHWM"]);
+  return { vmRssKiB: VmRSS, vmHwmKiB: VmHWM };
 }
 
 export async function machineInfo() {
