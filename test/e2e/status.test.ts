@@ -9,7 +9,7 @@ import { createFiles } from "../../src/host/files.ts";
 import { createLogger } from "../../src/log.ts";
 import { createStatusBoard } from "../../src/status.ts";
 import { trellisBinary } from "../harness/binary.ts";
-import { runDir } from "../harness/exec.ts";
+import { runDir, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 
 let node: Node;
@@ -28,8 +28,11 @@ async function statusFileOf(reports: Record<string, { ok: boolean; summary: stri
   const root = mkdtempSync(`${runDir("status-e2e")}/root-`);
   const board = createStatusBoard({ files: createFiles(root), log: createLogger({ write: () => {} }), minIntervalMs: 10 });
   for (const [name, report] of Object.entries(reports)) board.set(name, report);
-  await Bun.sleep(100); // written (debounced) and not closed: a running agent's file
-  const file = JSON.parse(readFileSync(root + statusPath, "utf8")) as StatusFile;
+  // Written (debounced) and not closed: a running agent's file. Polled, since a loaded machine delays the write.
+  const file = await waitFor("the status board's file with every report", () => {
+    const written = JSON.parse(readFileSync(root + statusPath, "utf8")) as StatusFile;
+    return Object.keys(reports).every((name) => name in written.components) && written;
+  });
   await board.close();
   return JSON.stringify({ ...file, pid: 1 });
 }
