@@ -29,6 +29,7 @@ import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
+import type { Step } from "../plan/types.ts";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -94,9 +95,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const core = apiClient(deps.kube, CoreV1Api);
   let secret: V1Secret | undefined;
   // What this agent noted about the OSC it sees now: when it first saw it (for the delay) and which
-  // problems it reported already. Replaced when the OSC changes, so nothing piles up over months.
-  let seen: { checksum: string; at: number; reported: Set<string> } | undefined;
-  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set() }));
+  // problems it reported already, and the steps it applied before its Node was known. Replaced when
+  // the OSC changes, so nothing piles up over months.
+  let seen: { checksum: string; at: number; reported: Set<string>; unreported: Step[] } | undefined;
+  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set(), unreported: [] }));
   let failures = 0;
   let stopped = false;
   // A long image download must not hold up the agent's shutdown.
@@ -281,7 +283,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (!outcome.complete) {
       status.lastResult = "failed";
       status.lastError = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
-      await reportFailure(current, checksum, outcome);
+      await reportFailure(deps.node.current(), checksum, outcome);
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
     failures = 0;
@@ -291,7 +293,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     appliedChecksum = checksum;
     await pruneImages(desired);
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
-    await reportSuccess(current, checksum, desired, outcome).finally(() => gate?.release());
+    // The Node as it is now: it may have registered (or its watch synced) while the apply ran.
+    await reportSuccess(deps.node.current(), checksum, desired, outcome).finally(() => gate?.release());
     if (resolved.waitingFor.length > 0) {
       log.info("applied without the registries still waiting for their readiness probe", { registries: resolved.waitingFor });
       return { atMs: now() + registryProbeRetryMs, why: "registry readiness probe" };
@@ -364,14 +367,20 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
     await removeBootstrapCredentials();
-    const reported = note(checksum).reported;
+    const { reported, unreported } = note(checksum);
     for (const u of desired.unsupported) {
       if (current && !reported.has(`unsupported/${u}`)) {
         reported.add(`unsupported/${u}`);
         await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
       }
     }
-    if (!current) return;
+    if (!current) {
+      // Kubelet registers the Node only once the first OSC started it: the Node's arrival wakes this
+      // controller again, and that run (finding nothing left to do) reports these steps.
+      unreported.push(...outcome.executed);
+      return;
+    }
+    const executed = [...unreported.splice(0), ...outcome.executed];
     const name = current.metadata?.name as string;
     const wanted = await nodeMetadata(checksum, desired);
     const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
@@ -379,13 +388,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => have[k] !== v)) {
       await patchNodeMetadata(deps.kube, name, wanted);
     }
-    if (outcome.executed.length > 0 || outcome.resumed) {
-      const restarted = outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : []));
+    if (executed.length > 0 || outcome.resumed) {
+      const restarted = executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : []));
       await deps.events.record({
         node: nodeRef(current),
         type: "Normal",
         reason: "OSCApplied",
-        message: `Applied OSC ${checksum.slice(0, 12)}: ${outcome.executed.length} step(s)${restarted.length ? `, restarted ${restarted.join(", ")}` : ""}`,
+        message: `Applied OSC ${checksum.slice(0, 12)}: ${executed.length} step(s)${restarted.length ? `, restarted ${restarted.join(", ")}` : ""}`,
       });
     }
     await setCondition(current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`);

@@ -3,7 +3,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { parse, stringify } from "yaml";
-import { type AgentNode, mainPid, nodeEvents, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { type AgentNode, mainPid, nodeEvents, putOscSecret, readNode, registerNode, startAgentNode, waitApplied } from "../harness/agent.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 
@@ -147,3 +147,17 @@ describe("the agent follows the OSC Secret", () => {
     expect((await agent.node.execOk(["sh", "-c", "ls /etc/bulk | wc -l"])).trim()).toBe("200");
   }, 60_000);
 });
+
+test("a Node that registers only after the first apply (as kubelet's does) still gets the OSCApplied event naming the steps", async () => {
+  const late = await startAgentNode(cluster, { prefix: "late", secretName: "osc-late", registerNode: false });
+  try {
+    const checksum = await putOscSecret(cluster, "osc-late", osc("<h1>late</h1>\n"));
+    await waitFor("the OSC applied on the node", async () => (await late.node.exec(["systemctl", "is-active", "web.service"])).stdout === "active\n", 30_000);
+    await registerNode(late.core, late.name);
+    await waitApplied(late, checksum);
+    const applied = await waitFor("the OSCApplied event", async () => (await nodeEvents(late)).find((e) => e.reason === "OSCApplied"));
+    expect(applied.message).toMatch(new RegExp(`^Applied OSC ${checksum.slice(0, 12)}: [1-9]\\d* step\\(s\\)`));
+  } finally {
+    await late.node.stop();
+  }
+}, 90_000);

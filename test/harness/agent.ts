@@ -51,16 +51,14 @@ export type AgentNodeOptions = {
   server?: string;
   /** Run containerd in the node (see BootOptions). */
   containerd?: boolean;
+  /** Create the Node object (default); false: the test registers it later, as kubelet would (registerNode). */
+  registerNode?: boolean;
 };
 
 export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): Promise<AgentNode> {
   const node = await bootNode(opts.prefix, { net: "host", containerd: opts.containerd ?? false });
   const core = cluster.admin().makeApiClient(CoreV1Api);
-  // What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP
-  // what gardener-node-agent's health check expects of a registered node.
-  await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-  const registered = await core.readNode({ name: node.name });
-  await core.replaceNodeStatus({ name: node.name, body: { ...registered, status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } });
+  if (opts.registerNode !== false) await registerNode(core, node.name);
   const user = nodeAgentUserPrefix + node.name;
   const { kubeconfig } = await userWithRules(cluster, user, opts.rules ?? agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
   const kubeconfigText = readFileSync(kubeconfig, "utf8");
@@ -88,6 +86,13 @@ controllers:
   await node.execOk(["systemctl", "daemon-reload"]);
   if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
   return { node, name: node.name, user, core, healthPort, metricsPort };
+}
+
+/** What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP what gardener-node-agent's health check expects of a registered node. */
+export async function registerNode(core: CoreV1Api, name: string): Promise<void> {
+  await core.createNode({ body: { metadata: { name, labels: { "kubernetes.io/hostname": name } } } });
+  const registered = await core.readNode({ name });
+  await core.replaceNodeStatus({ name, body: { ...registered, status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } });
 }
 
 /** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */
