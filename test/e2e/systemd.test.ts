@@ -211,6 +211,30 @@ describe("src/host/systemd.ts against a node's bus, from the host", () => {
     }
   }, 30_000);
 
+  test("one connection for the agent's life keeps no reply: the heap stays flat over 600 unit reads and 20 jobs", async () => {
+    await node.writeFile("/etc/systemd/system/e2e-quick.service", "[Service]\nType=oneshot\nExecStart=/bin/true\n");
+    const sd = createSystemd({ address: node.busAddress });
+    const heapMiB = () => {
+      Bun.gc(true);
+      return process.memoryUsage().heapUsed / 1048576;
+    };
+    const work = async (n: number) => {
+      for (let i = 0; i < n; i++) await sd.unitStatus("dbus.service");
+      for (let i = 0; i < n / 30; i++) await sd.start("e2e-quick.service");
+    };
+    try {
+      await sd.daemonReload();
+      await work(60); // warm-up: code, caches, the connection
+      const before = heapMiB();
+      await work(600);
+      // Before unlessLost, each call's Promise.race left a reaction on the connection's never-settling
+      // "lost" promise, keeping its reply: 40 MiB here.
+      expect(heapMiB() - before).toBeLessThan(3);
+    } finally {
+      sd.close();
+    }
+  }, 60_000);
+
   test("failures are SystemdErrors with context", async () => {
     const silentPath = `${node.root}/run/silent.sock`; // any path will do; this one goes away with the node
     const silent = await silentSocket(silentPath);
