@@ -107,7 +107,9 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       apiVersion: "coordination.k8s.io/v1",
       kind: "Lease",
       // base carries the resourceVersion: the update is refused (409) if the Lease changed since.
-      metadata: { ...base?.metadata, name, namespace: leaseNamespace, ownerReferences: [owner] },
+      // managedFields stay out: the API server keeps them when an update omits them, and they were
+      // 40 % of every renewal's body (bun run bench:trace).
+      metadata: { ...base?.metadata, managedFields: undefined, name, namespace: leaseNamespace, ownerReferences: [owner] },
       // The whole spec, as gardener-node-agent writes it.
       spec: { holderIdentity: name, leaseDurationSeconds: durationSeconds, renewTime: microTime(new Date(at)) },
     };

@@ -101,6 +101,9 @@ describe("lease", () => {
       const updates = requests.slice(2);
       expect(updates.length).toBeGreaterThanOrEqual(5);
       for (const e of updates) expect([e.verb, e.objectRef?.name, e.responseStatus?.code]).toEqual(["update", lease, 200]);
+      // The renewals leave managedFields out of their bodies; the API server kept what it recorded.
+      const fields = (await rawLease(lease))?.lease.metadata?.managedFields ?? [];
+      expect(fields.map((f) => Object.keys((f.fieldsV1 ?? {}) as object))).toContainEqual(["f:metadata", "f:spec"]);
 
       // The garbage collector deletes the Lease with its Node, and the controller does not create it again.
       await core.deleteNode({ name });
