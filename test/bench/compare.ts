@@ -331,7 +331,7 @@ const r = result as {
   reactionLatency: PerAgent<{ toUnitRestartMs: Summary; toAnnotationMs: Summary }>;
   startup: PerAgent<{ processStartToFirstReconcileMs: Summary }>;
   noopRecheck: PerAgent<{ toAnnotationMs: Summary; cpuMs: Summary; apiRequests: Summary }>;
-  steady: PerAgent<{ rssMiB: Summary; cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number }>;
+  steady: PerAgent<{ rssMiB: Summary; cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number; sentKiBPerHour: number }>;
   sizes: PerAgent<{ binaryMiB: number; imageLayerGzip9MiB: number; imageLayerZstd19MiB: number }>;
 };
 const cell = (x: Summary | number) => (typeof x === "number" ? `${x}` : `${x.median} (${x.min}–${x.max})`);
@@ -349,6 +349,8 @@ const rows: [string, PerAgent<Summary | number>, string][] = [
   [`steady ${STEADY_MINUTES} min: CPU`, { trellis: r.steady.trellis.cpuSeconds, gna: r.steady.gna.cpuSeconds }, "s"],
   ["steady: API requests", { trellis: r.steady.trellis.apiRequestsPerHour, gna: r.steady.gna.apiRequestsPerHour }, "/h"],
   ["steady: received from the API server", { trellis: r.steady.trellis.receivedKiBPerHour, gna: r.steady.gna.receivedKiBPerHour }, "KiB/h"],
+  ["steady: sent to the API server", { trellis: r.steady.trellis.sentKiBPerHour, gna: r.steady.gna.sentKiBPerHour }, "KiB/h"],
+  [`first apply: received from the API server (${RUNS})`, { trellis: r.firstApply.trellis.receivedKiB, gna: r.firstApply.gna.receivedKiB }, "KiB"],
   ["binary", { trellis: r.sizes.trellis.binaryMiB, gna: r.sizes.gna.binaryMiB }, "MiB"],
   ["image layer, gzip -9", { trellis: r.sizes.trellis.imageLayerGzip9MiB, gna: r.sizes.gna.imageLayerGzip9MiB }, "MiB"],
   ["image layer, zstd -19", { trellis: r.sizes.trellis.imageLayerZstd19MiB, gna: r.sizes.gna.imageLayerZstd19MiB }, "MiB"],

@@ -21,15 +21,7 @@ export async function startByteProxy(target: string): Promise<ByteProxy> {
   const srv: Server = createServer((client) => {
     connections++;
     const upstream = createConnection({ host: url.hostname, port: Number(url.port) });
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on("close", () => sockets.delete(s));
-      s.on("error", () => {
-        // A reset on one side ends the pair: destroying the other side tells the client, which retries.
-        client.destroy();
-        upstream.destroy();
-      });
-    }
+    pairSockets(client, upstream, sockets);
     upstream.on("data", (b: Buffer) => {
       received += b.length;
       client.write(b);
@@ -38,8 +30,6 @@ export async function startByteProxy(target: string): Promise<ByteProxy> {
       sent += b.length;
       upstream.write(b);
     });
-    upstream.on("end", () => client.end());
-    client.on("end", () => upstream.end());
   });
   await new Promise<void>((resolve, reject) => {
     srv.once("error", reject);
@@ -55,4 +45,18 @@ export async function startByteProxy(target: string): Promise<ByteProxy> {
         srv.close(() => resolve());
       }),
   };
+}
+
+/** Ties a relayed pair together: an end or a reset on one side ends the other (the client sees its connection close and retries); `open` holds both while they live. */
+export function pairSockets(a: Socket, b: Socket, open: Set<Socket>): void {
+  for (const s of [a, b]) {
+    open.add(s);
+    s.on("close", () => open.delete(s));
+    s.on("error", () => {
+      a.destroy();
+      b.destroy();
+    });
+  }
+  a.on("end", () => b.end());
+  b.on("end", () => a.end());
 }

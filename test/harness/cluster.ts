@@ -15,6 +15,8 @@ export interface Cluster {
   /** CA that signed the apiserver's serving certificate (what clients trust). */
   caFile: string;
   caPem: string;
+  /** The apiserver's serving certificate and key (names 127.0.0.1): for a relay that stands in for it. */
+  serving: { certFile: string; keyFile: string };
   /** CA the apiserver trusts for client certificates; kube-controller-manager signs CSRs with it. */
   clientCaFile: string;
   clientCaKeyFile: string;
@@ -92,6 +94,7 @@ export async function startCluster(opts: { controllerManager?: boolean } = {}): 
     etcdEndpoint: `http://127.0.0.1:${etcdPort}`,
     caFile: pki.ca.cert,
     caPem: pki.ca.pem,
+    serving: { certFile: pki.apiserver.cert, keyFile: pki.apiserver.key },
     clientCaFile: pki.clientCa.cert,
     clientCaKeyFile: pki.clientCa.key,
     dir,

@@ -39,6 +39,7 @@ export type AuditEvent = {
   user: { username: string };
   objectRef?: { resource?: string; subresource?: string; namespace?: string; name?: string };
   responseStatus?: { code?: number };
+  requestReceivedTimestamp: string;
   stageTimestamp: string;
 };
 
