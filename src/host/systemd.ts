@@ -139,7 +139,7 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
         if (conn.dead) return;
         conn.dead = true;
         conn.lostError = err;
-        for (const fail of conn.lostWaiters) fail(err);
+        for (const failCall of conn.lostWaiters) failCall(err);
         conn.lostWaiters.clear();
         stream.destroy();
         if (unexpected && conn.helloDone) log?.warn("D-Bus connection lost", { address, error: err });
