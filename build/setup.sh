@@ -10,8 +10,9 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 [[ $(uname -s) == Linux ]] || { say "trellis's tests need Linux"; exit 1; }
 [[ $(id -u) == 0 ]] || { say "run as root: the tests create namespaces, cgroups and mounts"; exit 1; }
 
-# Debian packages: node runtime (systemd, D-Bus, containerd), image tooling, PKI, networking.
-pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3)
+# Debian packages: node runtime (systemd, D-Bus, containerd), image tooling, PKI, networking; perf for
+# `bun run bench:trace`.
+pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3 linux-perf)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
