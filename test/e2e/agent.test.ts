@@ -112,10 +112,16 @@ describe("the agent follows the OSC Secret", () => {
   });
 
   test("the reconciliation-delay annotation holds an update back for that long", async () => {
+    const reconciles = async () => {
+      const metrics = await (await fetch(`http://127.0.0.1:${agent.metricsPort}/metrics`)).text();
+      return [...metrics.matchAll(/^trellis_reconcile_total\{[^}]*\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
+    };
+    const before = await reconciles();
     await agent.core.patchNode(
       { name: agent.name, body: [{ op: "add", path: "/metadata/annotations/node-agent.gardener.cloud~1reconciliation-delay", value: "3s" }] },
     );
-    await Bun.sleep(500); // the agent sees the annotation on its Node watch
+    // The agent saw the annotation on its Node watch once it reconciled for it.
+    await waitFor("a reconcile for the new annotation", async () => (await reconciles()) > before, 10_000, 50);
     const t0 = Date.now();
     const checksum = await putOscSecret(cluster, secretName, osc("<h1>v5</h1>\n"));
     await Bun.sleep(1500);
