@@ -29,7 +29,7 @@ import { CoreV1Api, VersionApi } from "@kubernetes/client-node";
 import { compress, tarLayer } from "../../build/oci-layout.ts";
 import { binaryPathInImage } from "../../build/trellis-image.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { type AgentNode, mainPid, readNode, startAgentNode, unitProperty } from "../harness/agent.ts";
+import { type AgentNode, mainPid, startAgentNode, unitProperty, waitApplied } from "../harness/agent.ts";
 import { type ByteProxy, startByteProxy } from "../harness/byte-proxy.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
@@ -73,7 +73,7 @@ const noopDone = (b: Bench, lines: JournalLine[]) => lines.filter((l) => l.msg =
 
 /** Polls the Node until it carries `checksum`; then the agent's last metadata PATCH of the Node up to that moment is the one that set it. */
 async function annotationPatchMs(audit: AuditTail, b: Bench, checksum: string, fromMs: number): Promise<number> {
-  await waitFor(`${b.name} to report ${checksum.slice(0, 12)}`, async () => (await readNode(b)).metadata?.annotations?.["checksum/cloud-config-data"] === checksum, 180_000, 20);
+  await waitApplied(b, checksum, 180_000, 20);
   const seen = wallNow();
   const isPatch = (e: AuditEvent) => e.verb === "patch" && e.stage === "ResponseComplete" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status");
   const patch = await waitFor("the annotation PATCH in the audit log", () => audit.by(b.user, fromMs, seen + 5).filter(isPatch).at(-1), 5_000, 20);

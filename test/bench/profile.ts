@@ -15,7 +15,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { mainPid, readNode, startAgentNode, unitProperty } from "../harness/agent.ts";
+import { mainPid, startAgentNode, unitProperty, waitApplied } from "../harness/agent.ts";
 import { repoRoot } from "../harness/binary.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
@@ -50,8 +50,7 @@ const secretName = "osc-profile";
 const result: Record<string, unknown> = { date: new Date().toISOString().slice(0, 10), steadyMinutes: STEADY_MINUTES };
 const a = await startAgentNode(cluster, { prefix: "profile", secretName, binary, containerd: true });
 try {
-  const waitAnnotated = (text: string) =>
-    waitFor("the Node annotation", async () => (await readNode(a)).metadata?.annotations?.["checksum/cloud-config-data"] === sha256Hex(text), 120_000, 20);
+  const waitAnnotated = (text: string) => waitApplied(a, sha256Hex(text), 120_000, 20);
   let text = oscYaml(0);
   await core.createNamespacedSecret({ namespace: "kube-system", body: secretBody(secretName, text) });
   await waitAnnotated(text);

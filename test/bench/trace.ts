@@ -19,9 +19,9 @@ import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { parse } from "yaml";
 import { sha256Hex } from "../../src/api/desired.ts";
-import { type AgentNode, mainPid, readNode, startAgentNode } from "../harness/agent.ts";
+import { type AgentNode, mainPid, startAgentNode, waitApplied } from "../harness/agent.ts";
 import { startCluster } from "../harness/cluster.ts";
-import { runDir, waitFor } from "../harness/exec.ts";
+import { runDir } from "../harness/exec.ts";
 import type { AuditEvent } from "../harness/rbac.ts";
 import { type Exchange, startTlsRelay, type TlsRelay } from "../harness/tls-relay.ts";
 import { type BenchAgent, benchAgents } from "./lib/agents.ts";
@@ -165,7 +165,7 @@ try {
     const from = snapshot(t);
     await core.createNamespacedSecret({ namespace: "kube-system", body: secretBody(t.secretName, oscText) });
     const checksum = sha256Hex(oscText);
-    await waitFor(`${t.agent.label} to apply`, async () => (await readNode(t)).metadata?.annotations?.["checksum/cloud-config-data"] === checksum, 180_000, 50);
+    await waitApplied(t, checksum, 180_000);
     await Bun.sleep(3_000); // the event and the conditions that follow the annotation
     firstApply[t.agent.id] = windowReport(t, audit, from, snapshot(t));
     progress(`first apply traced: ${t.agent.label}`);
@@ -178,7 +178,7 @@ try {
     const text = oscYaml(i);
     for (const t of traced) {
       await core.replaceNamespacedSecret({ name: t.secretName, namespace: "kube-system", body: secretBody(t.secretName, text) });
-      await waitFor(`${t.agent.label} to apply change ${i}`, async () => (await readNode(t)).metadata?.annotations?.["checksum/cloud-config-data"] === sha256Hex(text), 60_000, 50);
+      await waitApplied(t, sha256Hex(text), 60_000);
     }
   }
   result.changesBeforeSteady = CHANGES;
@@ -187,12 +187,17 @@ try {
   progress(`steady state: ${STEADY_SECONDS / 60} min with perf on both agents (after 30 s to settle)`);
   await Bun.sleep(30_000);
   const dir = runDir("trace-perf");
-  const pids = await Promise.all(traced.map(async (t) => ({ t, pid: await mainPid(t, "gardener-node-agent.service") })));
+  const pids = await Promise.all(
+    traced.map(async (t) => {
+      const pid = await mainPid(t, "gardener-node-agent.service");
+      return { t, pid, host: hostPid(t.node, pid) };
+    }),
+  );
   const starts = await Promise.all(pids.map(async ({ t, pid }) => ({ snap: snapshot(t), cpu: await cpuSeconds(t.node, pid) })));
-  await Promise.all(pids.map(({ t, pid }) => perfRecord(hostPid(t.node, pid), STEADY_SECONDS, `${dir}/${t.agent.id}.data`)));
+  await Promise.all(pids.map(({ t, host }) => perfRecord(host, STEADY_SECONDS, `${dir}/${t.agent.id}.data`)));
   await Bun.sleep(2_000); // the audit log is written after the response
   const steady: Record<string, unknown> = {};
-  for (const [i, { t, pid }] of pids.entries()) {
+  for (const [i, { t, pid, host }] of pids.entries()) {
     const start = starts[i] as (typeof starts)[number];
     const file = `${dir}/${t.agent.id}.data`;
     const byThread = await perfReport(file, "comm");
@@ -202,7 +207,7 @@ try {
       perf: {
         hz: PERF_HZ,
         sampledCpuSeconds: round(byThread.reduce((s, r) => s + r.samples, 0) / PERF_HZ, 2),
-        threads: threadNames(hostPid(t.node, pid)),
+        threads: threadNames(host),
         byThread,
         byBinary: await perfReport(file, "dso"),
         kernelSymbols: await perfReport(file, "sym", 15, ["--dsos", "[kernel.kallsyms]"]),

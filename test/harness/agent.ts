@@ -120,8 +120,8 @@ export async function readNode(a: AgentNode): Promise<V1Node> {
   return a.core.readNode({ name: a.name });
 }
 
-/** Waits until the Node carries `checksum` as applied. */
-export async function waitApplied(a: AgentNode, checksum: string, timeoutMs = 30_000): Promise<V1Node> {
+/** Waits until the Node carries `checksum` as applied, reading it every `intervalMs`. */
+export async function waitApplied(a: AgentNode, checksum: string, timeoutMs = 30_000, intervalMs = 50): Promise<V1Node> {
   return waitFor(
     `${a.name} to apply ${checksum.slice(0, 12)}`,
     async () => {
@@ -129,7 +129,7 @@ export async function waitApplied(a: AgentNode, checksum: string, timeoutMs = 30
       return n.metadata?.annotations?.["checksum/cloud-config-data"] === checksum ? n : undefined;
     },
     timeoutMs,
-    50,
+    intervalMs,
   );
 }
 
