@@ -2,9 +2,10 @@
 // config file, read unchanged so trellis can replace it. Defaults and limits are Gardener's
 // (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go).
 import * as v from "valibot";
-import { parse as parseYaml } from "yaml";
+import { object, record } from "./shapes.ts";
 import { parseGoDuration } from "./duration.ts";
 import { formatIssues } from "./issues.ts";
+import { parseYaml } from "./yaml.ts";
 
 const duration = (min: { ms: number; text: string }) =>
   v.pipe(
@@ -17,7 +18,7 @@ const syncPeriod = (fallback: string) => v.optional(duration({ ms: 15_000, text:
 
 const server = (port: number) =>
   v.optional(
-    v.object({
+    object({
       bindAddress: v.optional(v.string(), ""),
       // Gardener treats an absent port and port 0 alike: the default.
       port: v.pipe(
@@ -34,11 +35,11 @@ const semver = v.pipe(
   v.transform((s) => s.replace(/^v/, "")),
 );
 
-export const NodeAgentConfigurationSchema = v.object({
+export const NodeAgentConfigurationSchema = object({
   apiVersion: v.literal("nodeagent.config.gardener.cloud/v1alpha1"),
   kind: v.literal("NodeAgentConfiguration"),
   clientConnection: v.optional(
-    v.object({
+    object({
       kubeconfig: v.optional(v.string(), ""),
       qps: v.optional(v.number(), 50),
       burst: v.optional(v.pipe(v.number(), v.integer()), 100),
@@ -49,20 +50,20 @@ export const NodeAgentConfigurationSchema = v.object({
   ),
   logLevel: v.optional(v.picklist(["debug", "info", "error"]), "info"),
   logFormat: v.optional(v.picklist(["json", "text"]), "json"),
-  server: v.optional(v.object({ healthProbes: server(2751), metrics: server(2752) }), {}),
-  featureGates: v.optional(v.record(v.string(), v.boolean()), {}),
-  apiServer: v.optional(v.object({ server: v.optional(v.string(), ""), caFile: v.optional(v.string(), "") }), {}),
-  bootstrap: v.optional(v.object({ kubeletDataVolumeSize: v.optional(v.pipe(v.number(), v.integer())) })),
-  controllers: v.object({
-    operatingSystemConfig: v.object({
+  server: v.optional(object({ healthProbes: server(2751), metrics: server(2752) }), {}),
+  featureGates: v.optional(record(v.string(), v.boolean()), {}),
+  apiServer: v.optional(object({ server: v.optional(v.string(), ""), caFile: v.optional(v.string(), "") }), {}),
+  bootstrap: v.optional(object({ kubeletDataVolumeSize: v.optional(v.pipe(v.number(), v.integer())) })),
+  controllers: object({
+    operatingSystemConfig: object({
       secretName: v.pipe(v.string("must provide the secret name for the operating system config"), v.nonEmpty("must provide the secret name for the operating system config")),
       kubernetesVersion: semver,
       syncPeriod: syncPeriod("10m"),
     }),
     token: v.optional(
       v.pipe(
-        v.object({
-          syncConfigs: v.optional(v.array(v.object({ secretName: v.pipe(v.string(), v.nonEmpty()), path: v.pipe(v.string(), v.nonEmpty()) })), []),
+        object({
+          syncConfigs: v.optional(v.array(object({ secretName: v.pipe(v.string(), v.nonEmpty()), path: v.pipe(v.string(), v.nonEmpty()) })), []),
           syncPeriod: syncPeriod("1h"),
         }),
         v.forward(
@@ -73,12 +74,12 @@ export const NodeAgentConfigurationSchema = v.object({
       {},
     ),
     systemdUnitCheck: v.optional(
-      v.object({ syncPeriod: syncPeriod("1m"), stuckThreshold: v.optional(duration({ ms: 30_000, text: "30s" }), "5m") }),
+      object({ syncPeriod: syncPeriod("1m"), stuckThreshold: v.optional(duration({ ms: 30_000, text: "30s" }), "5m") }),
       {},
     ),
     // trellis's own (Gardener never writes it): gardener-node-agent hard-codes these values.
     healthCheck: v.optional(
-      v.object({
+      object({
         syncPeriod: v.optional(duration({ ms: 1000, text: "1s" }), "30s"),
         kubeletFailureThreshold: v.optional(duration({ ms: 1000, text: "1s" }), "1m"),
         containerdFailureThreshold: v.optional(duration({ ms: 1000, text: "1s" }), "1m"),
@@ -98,12 +99,8 @@ export type ConfigResult = { ok: true; config: NodeAgentConfiguration } | { ok: 
 
 /** Parses a NodeAgentConfiguration from YAML text; errors name the file and the field. */
 export function parseAgentConfig(text: string, source: string): ConfigResult {
-  let doc: unknown;
-  try {
-    doc = parseYaml(text, { version: "1.1" }); // as Go's yaml reads it: 0644 is octal, yes/no are booleans
-  } catch (err) {
-    return { ok: false, errors: [`${source}: not valid YAML: ${err instanceof Error ? err.message : String(err)}`] };
-  }
-  const r = v.safeParse(NodeAgentConfigurationSchema, doc);
+  const doc = parseYaml(text, source);
+  if (!doc.ok) return { ok: false, errors: doc.errors };
+  const r = v.safeParse(NodeAgentConfigurationSchema, doc.value);
   return r.success ? { ok: true, config: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
 }

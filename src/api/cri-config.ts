@@ -3,12 +3,13 @@
 // values mean (upstream names, URLs, plugin paths) is checked in src/plan/containerd.ts, which names
 // the field of every problem.
 import * as v from "valibot";
+import { looseObject, record } from "./shapes.ts";
 
 const opt = <T extends v.GenericSchema>(schema: T) => v.optional(v.nullable(schema));
 
 export const registryCapabilities = ["pull", "resolve", "push"] as const;
 
-export const RegistryHostSchema = v.looseObject({
+export const RegistryHostSchema = looseObject({
   url: v.string(),
   /** Defaults to pull + resolve, as Gardener's. */
   capabilities: opt(v.array(v.picklist(registryCapabilities))),
@@ -17,7 +18,7 @@ export const RegistryHostSchema = v.looseObject({
   overridePath: opt(v.boolean()),
 });
 
-export const RegistryConfigSchema = v.looseObject({
+export const RegistryConfigSchema = looseObject({
   /** host[:port] as containerd names the directory under certs.d, or `_default`. */
   upstream: v.string(),
   server: opt(v.string()),
@@ -26,23 +27,22 @@ export const RegistryConfigSchema = v.looseObject({
   readinessProbe: opt(v.boolean()),
 });
 
-export const PluginConfigSchema = v.looseObject({
+export const PluginConfigSchema = looseObject({
   /** Gardener's default is add. */
   op: opt(v.picklist(["add", "remove"])),
   /** Below `plugins`, e.g. ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"]. */
   path: v.array(v.string()),
   /** A JSON object (apiextensions JSON in Go) merged at the path. */
-  // (record alone would take an array, as {"0": …})
-  values: opt(v.pipe(v.custom<unknown>((x) => !Array.isArray(x), "must be a JSON object, not an array"), v.record(v.string(), v.unknown()))),
+  values: opt(record(v.string(), v.unknown())),
 });
 
-export const ContainerdConfigSchema = v.looseObject({
+export const ContainerdConfigSchema = looseObject({
   registries: opt(v.array(RegistryConfigSchema)),
   sandboxImage: opt(v.string()),
   plugins: opt(v.array(PluginConfigSchema)),
 });
 
-export const CriConfigSchema = v.looseObject({
+export const CriConfigSchema = looseObject({
   // A string, not a picklist: an OSC naming another CRI is not invalid, trellis just has nothing to do
   // for it (gardener-node-agent likewise acts only on "containerd").
   name: v.string(),

@@ -2,13 +2,14 @@
 // gardener-node-agent merges them, files for other hosts dropped, every content decoded and hashed,
 // and every rule a node depends on checked. Any problem is reported with the object and field it
 // concerns, and then nothing at all is applied: a half-understood config must not reach the node.
-import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
 import * as v from "valibot";
-import { parse as parseYaml } from "yaml";
+import { decodeBase64 } from "./base64.ts";
 import { formatIssues } from "./issues.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema, type OscFile, type OscUnit } from "./osc.ts";
-import { dropInPath, nodePathProblem, unitFilePath } from "./paths.ts";
+import { dropInPath, nodePathProblem, unitFilePath, writablePathProblem } from "./paths.ts";
+import type { Result } from "./result.ts";
+import { decodeYamlBytes, parseYaml } from "./yaml.ts";
 
 export type UnitCommand = "start" | "restart" | "stop";
 /** A file extracted from an image into the agent's cache: copied from there, verified by its hash. */
@@ -34,7 +35,6 @@ export type Desired = {
   keep: string[];
 };
 
-export type Result<T> = { ok: true; value: T } | { ok: false; errors: string[] };
 
 /** Gardener's default for files without permissions. */
 export const defaultFileMode = 0o600;
@@ -47,15 +47,16 @@ const dropInName = /^[^/\0]+\.conf$/;
 export const sha256Hex = (data: Uint8Array | string): string => createHash("sha256").update(data).digest("hex");
 
 /** Parses osc.yaml; errors name the source and field. */
+/** Parses osc.yaml as the Secret holds it: bytes within the size cap, UTF-8, then YAML (parseOsc). */
+export function parseOscBytes(bytes: Uint8Array, source: string): Result<OperatingSystemConfig> {
+  const text = decodeYamlBytes(bytes, source);
+  return text.ok ? parseOsc(text.value, source) : text;
+}
+
 export function parseOsc(text: string, source: string): Result<OperatingSystemConfig> {
-  let doc: unknown;
-  try {
-    // YAML 1.1 as in Go's yaml (sigs.k8s.io/yaml), which writes and reads Gardener's OSCs: 0644 is octal.
-    doc = parseYaml(text, { version: "1.1", maxAliasCount: 100 });
-  } catch (err) {
-    return { ok: false, errors: [`${source}: not valid YAML: ${err instanceof Error ? err.message.split("\n")[0] : String(err)}`] };
-  }
-  const r = v.safeParse(OperatingSystemConfigSchema, doc);
+  const doc = parseYaml(text, source);
+  if (!doc.ok) return doc;
+  const r = v.safeParse(OperatingSystemConfigSchema, doc.value);
   return r.success ? { ok: true, value: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
 }
 
@@ -108,7 +109,7 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
     entries.forEach((f, i) => {
       const where = `${list}[${i}] (${f.path})`;
       if (f.hostName != null && f.hostName !== ctx.hostName) return;
-      const problem = f.path === "/" ? "is the root directory" : nodePathProblem(f.path);
+      const problem = writablePathProblem(f.path);
       const earlier = fileOrigins.get(f.path);
       if (problem) fail(where, `path ${problem}`);
       else if (earlier) fail(where, `duplicate path, also in ${earlier}`);
@@ -130,14 +131,18 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
       fail(where, "name must be a systemd unit name like kubelet.service (letters, digits, :_.\\@-, a unit type suffix, no /)");
       continue;
     }
-    if (u.content?.includes("\0")) fail(`${where}.content`, "contains a NUL byte");
-    if (u.content !== undefined) managedPaths.set(unitFilePath(u.name), where);
+    if (u.content !== undefined) {
+      checkUnitText(u.content, (msg) => fail(`${where}.content`, msg));
+      managedPaths.set(unitFilePath(u.name), where);
+    }
     const seen = new Set<string>();
     for (const d of u.dropIns) {
-      if (!dropInName.test(d.name) || d.name.includes("..")) fail(`${where}.dropIns[${d.name}]`, "name must be a file name ending in .conf, without /");
-      else if (seen.has(d.name)) fail(`${where}.dropIns[${d.name}]`, "duplicate drop-in name");
-      else managedPaths.set(dropInPath(u.name, d.name), `${where}.dropIns[${d.name}]`);
+      const dropIn = `${where}.dropIns[${d.name}]`;
+      if (!dropInName.test(d.name) || d.name.includes("..")) fail(dropIn, "name must be a file name ending in .conf, without /");
+      else if (seen.has(d.name)) fail(dropIn, "duplicate drop-in name");
+      else managedPaths.set(dropInPath(u.name, d.name), dropIn);
       seen.add(d.name);
+      checkUnitText(d.content, (msg) => fail(`${dropIn}.content`, msg));
     }
     for (const p of u.filePaths) {
       const problem = nodePathProblem(p);
@@ -152,6 +157,13 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
 }
 
 type Fail = (where: string, msg: string) => void;
+
+// systemd reads unit files as text: a NUL byte ends what it sees, and a file this large is a mistake.
+function checkUnitText(text: string, fail: (msg: string) => void): void {
+  if (text.includes("\0")) fail("contains a NUL byte");
+  const bytes = new TextEncoder().encode(text).byteLength;
+  if (bytes > maxFileBytes) fail(`is ${bytes} bytes, more than the limit of ${maxFileBytes}`);
+}
 
 // Units merged by name as gardener-node-agent does: later entries override enable, command and
 // content, and append drop-ins and filePaths. Duplicates within one list are a mistake, not a merge.
@@ -207,8 +219,6 @@ function decodeContent(f: OscFile, ctx: ResolveContext, fail: (field: string, ms
   return data;
 }
 
-const base64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
-
 function decodeInline(encoding: string, data: string, fail: (field: string, msg: string) => void): Uint8Array | undefined {
   switch (encoding) {
     case "":
@@ -216,12 +226,9 @@ function decodeInline(encoding: string, data: string, fail: (field: string, msg:
       return new TextEncoder().encode(data);
     case "b64":
     case "base64": {
-      const compact = data.replace(/\s+/g, "");
-      if (!base64.test(compact)) {
-        fail("inline.data", `not valid base64 (encoding "${encoding}")`);
-        return undefined;
-      }
-      return new Uint8Array(Buffer.from(compact, "base64"));
+      const bytes = decodeBase64(data);
+      if (!bytes) fail("inline.data", `not valid base64 (encoding "${encoding}")`);
+      return bytes;
     }
     default:
       fail("inline.encoding", `unknown encoding "${encoding}" (use "", "plain", "b64" or "base64")`);

@@ -2,13 +2,14 @@
 // OSC Secret's `osc.yaml`. Only the fields the agent uses are typed; unknown fields pass through so a
 // newer Gardener does not break the agent. The schema checks shapes; desired.ts checks meaning.
 import * as v from "valibot";
+import { looseObject, object } from "./shapes.ts";
 import { CriConfigSchema } from "./cri-config.ts";
 
 const unitCommand = v.picklist(["start", "restart", "stop"]);
 
-export const DropInSchema = v.object({ name: v.string(), content: v.string() });
+export const DropInSchema = object({ name: v.string(), content: v.string() });
 
-export const UnitSchema = v.looseObject({
+export const UnitSchema = looseObject({
   name: v.string(),
   command: v.optional(v.nullable(unitCommand)),
   enable: v.optional(v.nullable(v.boolean())),
@@ -17,24 +18,24 @@ export const UnitSchema = v.looseObject({
   filePaths: v.optional(v.nullable(v.array(v.string()))),
 });
 
-export const FileContentSchema = v.looseObject({
-  inline: v.optional(v.nullable(v.object({ encoding: v.optional(v.string(), ""), data: v.string() }))),
-  secretRef: v.optional(v.nullable(v.object({ name: v.string(), dataKey: v.string() }))),
-  imageRef: v.optional(v.nullable(v.object({ image: v.string(), filePathInImage: v.string() }))),
+export const FileContentSchema = looseObject({
+  inline: v.optional(v.nullable(object({ encoding: v.optional(v.string(), ""), data: v.string() }))),
+  secretRef: v.optional(v.nullable(object({ name: v.string(), dataKey: v.string() }))),
+  imageRef: v.optional(v.nullable(object({ image: v.string(), filePathInImage: v.string() }))),
   transmitUnencoded: v.optional(v.nullable(v.boolean())),
 });
 
-export const FileSchema = v.looseObject({
+export const FileSchema = looseObject({
   path: v.string(),
   permissions: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0o7777)))),
   content: FileContentSchema,
   hostName: v.optional(v.nullable(v.string())),
 });
 
-export const OperatingSystemConfigSchema = v.looseObject({
+export const OperatingSystemConfigSchema = looseObject({
   apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
   kind: v.literal("OperatingSystemConfig"),
-  spec: v.looseObject({
+  spec: looseObject({
     purpose: v.optional(v.nullable(v.string())),
     units: v.optional(v.nullable(v.array(UnitSchema))),
     files: v.optional(v.nullable(v.array(FileSchema))),
@@ -42,7 +43,7 @@ export const OperatingSystemConfigSchema = v.looseObject({
   }),
   status: v.optional(
     v.nullable(
-      v.looseObject({
+      looseObject({
         extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
         extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
       }),

@@ -43,3 +43,16 @@ export const systemdDir = "/etc/systemd/system";
 export const unitFilePath = (unit: string): string => `${systemdDir}/${unit}`;
 export const dropInPath = (unit: string, dropIn: string): string => `${systemdDir}/${unit}.d/${dropIn}`;
 export const dropInDir = (unit: string): string => `${systemdDir}/${unit}.d`;
+
+// The kernel's own filesystems: a "file" there is a sysctl, a device or a process, never configuration
+// an OSC may write (sysctls go through /etc/sysctl.d like every node image does it).
+const kernelTrees = ["/proc", "/sys", "/dev"];
+
+/** Why an OSC file may not be written at `path` (beyond nodePathProblem), or undefined. */
+export function writablePathProblem(path: string): string | undefined {
+  if (path === "/") return "is the root directory";
+  const problem = nodePathProblem(path);
+  if (problem) return problem;
+  const tree = kernelTrees.find((t) => path === t || path.startsWith(`${t}/`));
+  return tree ? `is under ${tree}, which belongs to the kernel` : undefined;
+}

@@ -3,20 +3,21 @@
 // hash it wrote. It is updated step by step as an apply progresses, so a unit or file written by an
 // apply that later failed is still known to be trellis's and can be removed (gardener#10972).
 import * as v from "valibot";
+import { object, record } from "./shapes.ts";
 import { PlanSchema } from "../plan/types.ts";
 
-export const OwnedSchema = v.object({
+export const OwnedSchema = object({
   version: v.literal(1),
-  files: v.record(v.string(), v.object({ sha256: v.string(), mode: v.number() })),
-  units: v.record(
+  files: record(v.string(), object({ sha256: v.string(), mode: v.number() })),
+  units: record(
     v.string(),
-    v.object({
+    object({
       /** Hash of the unit file trellis wrote; absent for a host unit trellis only adds drop-ins to or (en|dis)ables. */
       sha256: v.optional(v.string()),
       enable: v.optional(v.boolean()),
       /** The OSC's command when last applied: "stop" → "start" must start the unit again. */
       command: v.optional(v.picklist(["start", "restart", "stop"])),
-      dropIns: v.record(v.string(), v.string()),
+      dropIns: record(v.string(), v.string()),
     }),
   ),
 });
@@ -27,7 +28,7 @@ export const emptyOwned = (): Owned => ({ version: 1, files: {}, units: {} });
 
 // An apply in progress: the plan, persisted before its first step, and which steps are done.
 // Written at checkpoints; steps after the last checkpoint run again on resume (they are idempotent).
-export const ProgressSchema = v.object({
+export const ProgressSchema = object({
   checksum: v.string(),
   plan: PlanSchema,
   done: v.array(v.number()),
@@ -35,11 +36,11 @@ export const ProgressSchema = v.object({
 export type Progress = v.InferOutput<typeof ProgressSchema>;
 
 // One file, so ownership and progress always change together in one atomic rename.
-export const AgentStateSchema = v.object({
+export const AgentStateSchema = object({
   version: v.literal(1),
   owned: OwnedSchema,
   progress: v.optional(ProgressSchema),
-  lastApplied: v.optional(v.object({ checksum: v.string(), at: v.string() })),
+  lastApplied: v.optional(object({ checksum: v.string(), at: v.string() })),
 });
 export type AgentState = v.InferOutput<typeof AgentStateSchema>;
 export const emptyState = (): AgentState => ({ version: 1, owned: emptyOwned() });

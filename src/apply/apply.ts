@@ -52,7 +52,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   if (progress && progress.checksum !== checksum) {
     // The OSC changed while an apply was unfinished: keep what it wrote as owned, and its pending
     // restarts, then plan the new OSC from scratch.
-    const carried = await abandon(progress, state.owned, deps.files);
+    const carried = await abandon(progress, state.owned, deps.files, deps.log);
     state = { ...state, owned: carried.owned, progress: undefined };
     progress = undefined;
     deps.log.info("an unfinished apply of an older OSC was superseded", { checksum, pendingRestarts: carried.pending });
@@ -190,13 +190,23 @@ async function finish(state: AgentState, desired: Desired, checksum: string, osc
   return next;
 }
 
-/** An unfinished plan being superseded: adopt what it wrote, and return the unit steps it still owed. */
-async function abandon(progress: Progress, owned: Owned, files: Files): Promise<{ owned: Owned; pending: Step[] }> {
+/**
+ * An unfinished plan being superseded: adopt what it wrote, and return the unit steps it still owed.
+ * Never fails: a saved plan must not outrank a newer OSC, so a step whose path cannot even be read
+ * (the old OSC named a directory, say) is simply not adopted.
+ */
+async function abandon(progress: Progress, owned: Owned, files: Files, log: Logger): Promise<{ owned: Owned; pending: Step[] }> {
   let next = owned;
   const pending: Step[] = [];
   for (const [i, step] of progress.plan.steps.entries()) {
     if (progress.done.includes(i)) continue;
-    if (step.kind === "write" && (await files.sha256(step.path)) === step.sha256) next = ownedAfter(next, step);
+    if (step.kind === "write") {
+      const written = await files.sha256(step.path).catch((err: unknown) => {
+        log.warn("a path of the superseded apply cannot be read; not adopted", { path: step.path, error: describeError(err) });
+        return undefined;
+      });
+      if (written === step.sha256) next = ownedAfter(next, step);
+    }
     if (step.kind === "restart" || step.kind === "stop") pending.push(step);
   }
   return { owned: next, pending };

@@ -12,6 +12,7 @@ import {
 } from "../api/desired.ts";
 import { managesContainerd, type RegistryConfig } from "../api/cri-config.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
+import { dropInPath, unitFilePath } from "../api/paths.ts";
 import { containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-defaults.ts";
 import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
@@ -56,14 +57,37 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   const images = await fetchImages(osc, inputs, hostsToml);
   const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source });
   if (!resolved.ok) return { ...resolved, retry: [...images.values()].some((i) => !i.ok) };
+  let desired: Desired;
+  let waitingFor: string[] = [];
   if (!cd) {
     const other = osc.spec.criConfig?.name;
     // Like gardener-node-agent, trellis configures only containerd; another CRI is said, not refused.
     const unsupported = other && other !== "containerd" ? [`${source}: spec.criConfig.name: "${other}" is not configured by trellis (only containerd is)`] : [];
-    return { ok: true, value: { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] }, waitingFor: [] };
+    desired = { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] };
+  } else {
+    const merged = withContainerd(resolved.value, cd.value, criWhere);
+    if (!merged.ok) return { ...merged, retry: false };
+    desired = merged.value;
+    waitingFor = cd.value.pendingRegistries;
   }
-  const merged = withContainerd(resolved.value, cd.value, criWhere);
-  return merged.ok ? { ...merged, waitingFor: cd.value.pendingRegistries } : { ...merged, retry: false };
+  const unwritable = await unwritablePaths(desired, source, inputs.files);
+  return unwritable.length > 0 ? { ok: false, errors: unwritable, retry: false } : { ok: true, value: desired, waitingFor };
+}
+
+// Checked before anything is written, so that an OSC naming a path the node cannot take (an existing
+// directory, a path below a regular file, a symlink another user planted) changes nothing at all,
+// instead of failing halfway through its apply.
+async function unwritablePaths(desired: Desired, source: string, files: Files): Promise<string[]> {
+  const named = (origin: string) => (origin.startsWith(source) ? origin : `${source}: ${origin}`);
+  const targets = [
+    ...desired.files.map((f) => ({ path: f.path, origin: named(f.origin) })),
+    ...desired.units.flatMap((u) => [
+      ...(u.content !== undefined ? [{ path: unitFilePath(u.name), origin: `${source}: unit ${u.name}` }] : []),
+      ...u.dropIns.map((d) => ({ path: dropInPath(u.name, d.name), origin: `${source}: unit ${u.name}.dropIns[${d.name}]` })),
+    ]),
+  ];
+  const problems = await Promise.all(targets.map(async (t) => ({ ...t, problem: await files.writeProblem(t.path) })));
+  return problems.flatMap((t) => (t.problem ? [`${t.origin}: ${t.path} cannot be written: ${t.problem}`] : []));
 }
 
 async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {

@@ -28,10 +28,10 @@ export async function run(args: string[]): Promise<number> {
   if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
   const log = createLogger();
   const files = createFiles("/");
-  const input = await readOscFile(values.osc, files, log, values.hostname);
+  const input = await readOscFile(values.osc, files, log, { ...(values.hostname ? { host: values.hostname } : {}), imageCache: "node" });
   const systemd = createSystemd({ log });
   try {
-    const outcome = await applyDesired(input.desired, input.checksum, input.text, { files, systemd, store: createStateStore(files), log, selfUnit: agentUnit });
+    const outcome = await applyDesired(input.desired, input.checksum, input.bytes, { files, systemd, store: createStateStore(files), log, selfUnit: agentUnit });
     for (const step of outcome.executed) console.log(describeStep(step));
     for (const u of input.desired.unsupported) console.log(`note: ${u}`);
     for (const f of outcome.failures) console.error(`failed: ${describeStep(f.step)}: ${f.error}`);

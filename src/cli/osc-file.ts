@@ -2,12 +2,14 @@
 // OSC Secret as `kubectl get secret -o yaml` prints it (data["osc.yaml"], base64), and resolves it for
 // this machine the way the agent does. Without a cluster there are no Secrets to read: secretRef files
 // are reported as missing. imageRef files are pulled through the machine's containerd mirrors.
-import { Buffer } from "node:buffer";
+import { mkdtemp, rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
-import { hostname } from "node:os";
-import { parse as parseYaml } from "yaml";
-import { type Desired, parseOsc, sha256Hex } from "../api/desired.ts";
+import { hostname, tmpdir } from "node:os";
+import { join } from "node:path";
+import { decodeBase64 } from "../api/base64.ts";
+import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
+import { oscYamlLimits, parseYaml } from "../api/yaml.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
 import { type Files, hostPathUnder } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
@@ -17,35 +19,41 @@ export class OscInputError extends Error {
   override name = "OscInputError";
 }
 
-export type OscInput = { text: string; checksum: string; desired: Desired };
+export type OscInput = { bytes: Uint8Array; checksum: string; desired: Desired };
 
-export async function readOscFile(path: string, files: Files, log: Logger, host = hostname()): Promise<OscInput> {
-  let text = readFileSync(path, "utf8");
-  const doc = safeYaml(text);
-  if (isSecret(doc)) {
-    const encoded = doc.data?.[oscDataKey];
-    if (typeof encoded !== "string") throw new OscInputError(`${path}: Secret has no data["${oscDataKey}"]`);
-    text = Buffer.from(encoded, "base64").toString("utf8");
-  }
-  const parsed = parseOsc(text, path);
+/** The Secret form carries the OSC in base64 (4/3 of its size) plus the Secret's own fields. */
+const secretFormLimits = { ...oscYamlLimits, maxBytes: Math.ceil((oscYamlLimits.maxBytes * 4) / 3) + 64 * 1024 };
+
+/**
+ * `imageCache`: "node" extracts imageRef files into the node's cache (apply); "throwaway" into a
+ * temporary directory outside the root that is removed afterwards (plan, which changes nothing).
+ */
+export async function readOscFile(path: string, files: Files, log: Logger, opts: { host?: string; imageCache: "node" | "throwaway" }): Promise<OscInput> {
+  const { bytes, source } = oscBytesOf(path, readFileSync(path));
+  const parsed = parseOscBytes(bytes, source);
   if (!parsed.ok) throw new OscInputError(parsed.errors.join("\n"));
-  const images = createImageStore({
-    cacheDir: hostPathUnder(files.root, paths.imageCache),
-    hostsDir: hostPathUnder(files.root, paths.containerdHostsDir),
-    arch: archOf(process.arch),
-    log,
-  });
-  const resolved = await desiredForNode(parsed.value, path, { files, hostName: host, images, log });
-  if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
-  return { text, checksum: sha256Hex(text), desired: resolved.value };
+  const cacheDir = opts.imageCache === "node" ? hostPathUnder(files.root, paths.imageCache) : await mkdtemp(join(tmpdir(), "trellis-plan-images-"));
+  try {
+    const images = createImageStore({ cacheDir, hostsDir: hostPathUnder(files.root, paths.containerdHostsDir), arch: archOf(process.arch), log });
+    const resolved = await desiredForNode(parsed.value, source, { files, hostName: opts.host ?? hostname(), images, log });
+    if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
+    return { bytes, checksum: sha256Hex(bytes), desired: resolved.value };
+  } finally {
+    if (opts.imageCache === "throwaway") await rm(cacheDir, { recursive: true, force: true });
+  }
 }
 
-function safeYaml(text: string): unknown {
-  try {
-    return parseYaml(text, { version: "1.1" });
-  } catch {
-    return undefined; // parseOsc reports it with the field and source
-  }
+/** The OSC's bytes: the file itself, or data["osc.yaml"] of the Secret in it (decoded strictly). */
+function oscBytesOf(path: string, raw: Uint8Array): { bytes: Uint8Array; source: string } {
+  const text = new TextDecoder().decode(raw.subarray(0, Math.min(raw.byteLength, secretFormLimits.maxBytes + 1)));
+  const doc = raw.byteLength <= secretFormLimits.maxBytes ? parseYaml(text, path, secretFormLimits) : undefined;
+  // Anything that is not a Secret is read as the OSC itself, whose parse names its problems.
+  if (!doc?.ok || !isSecret(doc.value)) return { bytes: raw, source: path };
+  const encoded = doc.value.data?.[oscDataKey];
+  if (typeof encoded !== "string") throw new OscInputError(`${path}: Secret has no data["${oscDataKey}"]`);
+  const bytes = decodeBase64(encoded);
+  if (!bytes) throw new OscInputError(`${path}: data["${oscDataKey}"] is not valid base64`);
+  return { bytes, source: path };
 }
 
 function isSecret(doc: unknown): doc is { data?: Record<string, unknown> } {

@@ -33,7 +33,7 @@ export async function run(args: string[]): Promise<number> {
   }
   if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
   const files = createFiles(values.root);
-  const input = await readOscFile(values.osc, files, createLogger({ level: "error" }), values.hostname);
+  const input = await readOscFile(values.osc, files, createLogger({ level: "error" }), { ...(values.hostname ? { host: values.hostname } : {}), imageCache: "throwaway" });
   const state = await createStateStore(files).read();
   const systemd = values.root === "/" ? createSystemd({ callTimeoutMs: 5_000 }) : undefined;
   try {

@@ -7,9 +7,9 @@
 // OSC back for that long after it was first seen, and a Secret annotated serial applies one node at a
 // time through a Lease. A node whose apply fails keeps the serial lease, so a bad change stops there
 // instead of rolling on to the next node.
-import { Buffer } from "node:buffer";
 import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
-import { type Desired, parseOsc, sha256Hex } from "../api/desired.ts";
+import { decodeBase64 } from "../api/base64.ts";
+import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
 import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { type ApplyOutcome, applyDesired } from "../apply/apply.ts";
@@ -206,11 +206,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const source = `Secret kube-system/${deps.secretName}`;
     const encoded = secret.data?.[oscDataKey];
     if (encoded === undefined) return invalid("missing", [`${source}: has no data["${oscDataKey}"]`]);
-    const text = Buffer.from(encoded, "base64").toString("utf8");
-    const checksum = sha256Hex(text);
+    const bytes = decodeBase64(encoded);
+    if (!bytes) return invalid("undecodable", [`${source}: data["${oscDataKey}"] is not valid base64`]);
+    // Gardener's checksum: of the bytes as they are, never of a re-encoded text.
+    const checksum = sha256Hex(bytes);
     note(checksum);
     status.lastChecksum = checksum;
-    const parsed = parseOsc(text, source);
+    const parsed = parseOscBytes(bytes, source);
     if (!parsed.ok) return invalid(checksum, parsed.errors);
     const resolved = await desiredForNode(parsed.value, source, {
       files: deps.files,
@@ -265,7 +267,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const renewal = gate
       ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: describeError(err) })), 60_000)
       : undefined;
-    const outcome = await applyDesired(desired, checksum, text, {
+    const outcome = await applyDesired(desired, checksum, bytes, {
       files: deps.files,
       systemd: deps.systemd,
       store: deps.store,
@@ -326,14 +328,21 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   async function readSecret(name: string): Promise<SecretData | undefined> {
+    let s: V1Secret;
     try {
-      const s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
-      return Object.fromEntries(Object.entries(s.data ?? {}).map(([k, v]) => [k, new Uint8Array(Buffer.from(v, "base64"))]));
+      s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
     } catch (err) {
       const e = explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Secret kube-system/${name}` });
       if (e.reason !== "not-found") throw e;
       return undefined;
     }
+    const data: Record<string, Uint8Array> = {};
+    for (const [key, encoded] of Object.entries(s.data ?? {})) {
+      const bytes = decodeBase64(encoded);
+      if (!bytes) throw new Error(`Secret kube-system/${name}: data["${key}"] is not valid base64`);
+      data[key] = bytes;
+    }
+    return data;
   }
 
   // Extracted files the applied OSC no longer uses would fill the disk over many updates.

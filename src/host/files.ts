@@ -2,9 +2,19 @@
 // tests. trellis can be killed (-9, power loss) at any instant, so a file it writes is always either the
 // old or the new complete content: temp file in the same directory, fsync, rename over the target, fsync
 // the directory. Paths given to the adapter are absolute node paths; errors name the node path.
+//
+// Paths are resolved here one component at a time, the same way under every root (systemd's chase()
+// with CHASE_SAFE and a prefix root): a symlink is followed within the root (an absolute target starts
+// again at the root, ".." stops there), so `plan --root` sees what the node will see and nothing leads
+// outside. trellis runs as root where other users may write, so it follows only directories and
+// symlinks owned by root (or by the owner of the root directory), and never walks through an entry of
+// a directory other users may rename entries in (writable by them and not sticky): such an entry could
+// be swapped for a symlink between the check and the write. A final symlink is not followed by writes
+// and removals: they replace or remove the link itself.
 import { createHash, randomBytes } from "node:crypto";
-import { chmod, lstat, mkdir, open, readdir, readFile, realpath, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
-import { basename, dirname, join, relative, resolve } from "node:path";
+import type { Stats } from "node:fs";
+import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { basename, dirname, join, resolve } from "node:path";
 import { nodePathProblem } from "../api/paths.ts";
 
 export type FileKind = "file" | "dir" | "symlink" | "other";
@@ -35,6 +45,11 @@ export interface Files {
    * its sha256 while copying so a damaged source is never installed.
    */
   writeAtomic(path: string, content: FileContent, mode: number): Promise<void>;
+  /**
+   * Why a file cannot be written at `path`, or undefined when it can: a parent is not a directory or
+   * is not safe to walk through, or `path` is a directory, FIFO, socket or device.
+   */
+  writeProblem(path: string): Promise<string | undefined>;
   /** Removes a file or symlink (not a directory); false if it was not there. */
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
@@ -121,6 +136,18 @@ function kindOf(s: { isFile(): boolean; isDirectory(): boolean; isSymbolicLink()
   return s.isSymbolicLink() ? "symlink" : "other";
 }
 
+/** Why writeAtomic must not replace what is at a path (undefined: a file, a symlink, or nothing). */
+function unreplaceable(s: Stats): string | undefined {
+  if (s.isDirectory()) return "is a directory";
+  if (s.isFIFO()) return "is a FIFO, not a regular file";
+  if (s.isSocket()) return "is a socket, not a regular file";
+  if (s.isCharacterDevice() || s.isBlockDevice()) return "is a device, not a regular file";
+  return undefined;
+}
+
+/** The kernel follows at most 40 symlinks in one lookup; so does the resolution here. */
+const maxSymlinks = 40;
+
 async function hashHandle(fh: FileHandle): Promise<string> {
   const hash = createHash("sha256");
   const buf = new Uint8Array(1 << 20); // streamed: binaries under /opt/bin are hashed too
@@ -164,36 +191,77 @@ export function createFiles(rootDir = "/"): Files {
   const fail = (op: string, path: string, reason: string, cause?: unknown) => new FileError(op, path, reason, { cause, root });
   const host = (path: string) => hostPathUnder(root, path);
 
-  /** Checks `path` and returns its host path. `follow`: the operation follows a final symlink. */
+  // Who may own what is walked through: root, and the owner of the root directory (a tree unpacked by
+  // another user for `plan --root`). Read once: the root does not change owners under a running agent.
+  let rootInfo: Promise<{ trusted: Set<number>; stat: Stats }> | undefined;
+  const rootOf = (op: string, path: string) =>
+    (rootInfo ??= lstat(root).then((st) => ({ trusted: new Set([0, st.uid]), stat: st }))).catch((err: unknown) => {
+      rootInfo = undefined;
+      throw fail(op, path, `cannot resolve the root: ${describe(err)}`, err);
+    });
+
+  // Can users other than the trusted ones rename entries of this directory?
+  const swappable = (dir: Stats, trusted: Set<number>) =>
+    !(dir.mode & 0o1000) && (!!(dir.mode & 0o002) || (!!(dir.mode & 0o020) && !trusted.has(dir.gid)));
+
+  /**
+   * Checks `path` and returns its host path with every symlink on the way resolved within the root;
+   * `follow`: the final component too. Components that do not exist yet are kept as they are.
+   */
   async function locate(op: string, path: string, follow: boolean): Promise<string> {
     checkNodePath(path, op);
-    if (root !== "/") await confine(op, path, host(follow ? path : dirname(path)));
-    return host(path);
-  }
-
-  // Under a root other than "/", an absolute symlink in the tree (a copied node's /var/run -> /run)
-  // leads outside it: refuse unless the deepest existing ancestor of `anchor` resolves inside root.
-  async function confine(op: string, path: string, anchor: string): Promise<void> {
-    let realRoot: string;
-    try {
-      realRoot = await realpath(root);
-    } catch (err) {
-      throw fail(op, path, `cannot resolve the root: ${describe(err)}`, err);
-    }
-    const real = await realAncestor(op, path, anchor);
-    const rel = relative(realRoot, real);
-    if (rel === ".." || rel.startsWith("../")) throw fail(op, path, `a symlink leads outside the root (to ${real})`);
-  }
-
-  async function realAncestor(op: string, path: string, anchor: string): Promise<string> {
-    for (let p = anchor; ; p = dirname(p)) {
-      try {
-        return await realpath(p);
-      } catch (err) {
-        // The root itself resolved a moment ago, so the walk ends there at the latest.
-        if (errno(err) !== "ENOENT" && errno(err) !== "ENOTDIR") throw fail(op, path, `resolving ${p}: ${describe(err)}`, err);
+    const { trusted, stat: rootStat } = await rootOf(op, path);
+    const todo = path.split("/").filter((p) => p !== "");
+    let dir = ""; // the resolved node path walked so far ("" is the root)
+    let dirStat = rootStat;
+    let links = 0;
+    while (todo.length > 0) {
+      const name = todo.shift() as string;
+      if (name === ".") continue;
+      if (name === "..") {
+        dir = dirname(dir || "/") === "/" ? "" : dirname(dir);
+        dirStat = await lstat(host(dir || "/"));
+        continue;
       }
+      const node = `${dir}/${name}`;
+      const last = todo.length === 0;
+      if (last && !follow) return host(node);
+      let st: Stats;
+      try {
+        st = await lstat(host(node));
+      } catch (err) {
+        if (errno(err) === "ENOENT") return host([node, ...todo].join("/"));
+        throw fail(op, path, `resolving ${node}: ${describe(err)}`, err);
+      }
+      if (!trusted.has(st.uid)) throw fail(op, path, `${node} is owned by uid ${st.uid}, not root: trellis does not walk through it (unsafe path transition)`);
+      if (swappable(dirStat, trusted)) throw fail(op, path, `${dir || "/"} lets other users rename ${name} in it: trellis does not walk through it (unsafe path transition)`);
+      if (st.isSymbolicLink()) {
+        if (++links > maxSymlinks) throw fail(op, path, `more than ${maxSymlinks} symlinks on the way (${reasons.ELOOP})`);
+        const target = await readlink(host(node));
+        todo.unshift(...target.split("/").filter((p) => p !== ""));
+        if (target.startsWith("/")) [dir, dirStat] = ["", rootStat];
+        continue;
+      }
+      if (st.isDirectory()) [dir, dirStat] = [node, st];
+      // A file where a directory should be: the operation itself meets ENOTDIR ("missing" for reads).
+      else return host([node, ...todo].join("/"));
     }
+    return host(dir || "/");
+  }
+
+  /** The host path a write of `path` renames over, after checking that what is there may be replaced. */
+  async function replaceable(op: string, path: string): Promise<string> {
+    if (path === "/") throw fail(op, path, "cannot replace the root directory");
+    const target = await locate(op, path, false);
+    try {
+      const problem = unreplaceable(await lstat(target));
+      if (problem) throw fail(op, path, problem);
+    } catch (err) {
+      if (err instanceof FileError) throw err;
+      if (errno(err) === "ENOTDIR") throw fail(op, path, "a parent is not a directory (ENOTDIR)", err);
+      if (errno(err) !== "ENOENT") throw fail(op, path, describe(err), err);
+    }
+    return target;
   }
 
   async function syncDir(op: string, path: string, dir: string): Promise<void> {
@@ -320,11 +388,20 @@ export function createFiles(rootDir = "/"): Files {
       }
     },
 
+    async writeProblem(path) {
+      try {
+        await replaceable("writeAtomic", path);
+        return undefined;
+      } catch (err) {
+        if (err instanceof FileError) return err.reason;
+        throw err;
+      }
+    },
+
     async writeAtomic(path, content, mode) {
       const op = "writeAtomic";
-      const target = await locate(op, path, false);
-      if (path === "/") throw fail(op, path, "cannot replace the root directory");
       if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw fail(op, path, `mode ${showMode(mode)} is not a permission mode (0 to 0o7777)`);
+      const target = await replaceable(op, path);
       const dir = dirname(target);
       const temp = join(dir, tempName(basename(target)));
       inFlight.add(temp);

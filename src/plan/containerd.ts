@@ -19,6 +19,7 @@
 // on output, and the file must be read in full (TOML 1.0); a hand-written subset would get both wrong.
 import { parse, stringify, type TomlDate, TomlError } from "smol-toml";
 import type { CriConfig, PluginConfig, RegistryConfig } from "../api/cri-config.ts";
+import type { Result } from "../api/result.ts";
 
 export const containerdConfigFile = "/etc/containerd/config.toml";
 export const containerdBaseDir = "/etc/containerd";
@@ -68,7 +69,6 @@ export type ContainerdDesired = {
 };
 
 export type ConfigVersion = 2 | 3 | 4;
-type Result<T> = { ok: true; value: T } | { ok: false; errors: string[] };
 
 type TomlValue = string | number | bigint | boolean | TomlDate | TomlValue[] | Table;
 type Table = { [key: string]: TomlValue };

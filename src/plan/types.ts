@@ -2,6 +2,7 @@
 // parses it back after a crash), executed step by step. It carries hashes, not content: the
 // executor takes content from the desired state it was made from.
 import * as v from "valibot";
+import { object } from "../api/shapes.ts";
 
 const TargetSchema = v.variant("type", [
   v.object({ type: v.literal("file") }),
@@ -21,7 +22,7 @@ export const StepSchema = v.variant("kind", [
   unitStep("restart"),
 ]);
 
-export const PlanSchema = v.object({ checksum: v.string(), steps: v.array(StepSchema) });
+export const PlanSchema = object({ checksum: v.string(), steps: v.array(StepSchema) });
 
 export type Target = v.InferOutput<typeof TargetSchema>;
 export type Step = v.InferOutput<typeof StepSchema>;

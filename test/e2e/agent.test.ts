@@ -88,6 +88,14 @@ describe("the agent follows the OSC Secret", () => {
     ["a unit name with /", bad((o) => (o.spec.units[1].name = "../evil.service")), "unit ../evil.service: name must be a systemd unit name"],
     ["an unknown encoding", bad((o) => (o.spec.files[1].content.inline.encoding = "gzip")), 'unknown encoding "gzip"'],
     ["a missing secretRef", bad((o) => o.spec.files.push({ path: "/etc/from-secret", content: { secretRef: { name: "missing-secret", dataKey: "x" } } })), "secret kube-system/missing-secret not found"],
+    // Found as an attacker would: read as an OSC without units or files, it removed everything trellis owned.
+    ["a list for spec", bad((o) => (o.spec = [])), "spec: Invalid type: Expected a mapping but received a list"],
+    // Found: the files before it were written, and the saved plan blocked every later apply.
+    ["a path that is an existing directory", bad((o) => o.spec.files.push({ path: "/etc/web", content: { inline: { data: "x" } } })), "/etc/web cannot be written: is a directory"],
+    ["a path into /proc", bad((o) => o.spec.files.push({ path: "/proc/sys/kernel/core_pattern", content: { inline: { data: "|/tmp/x" } } })), "is under /proc, which belongs to the kernel"],
+    ["bytes that are not UTF-8", new Uint8Array([...new TextEncoder().encode(bad(() => {})), 0x23, 0xff, 0x0a]), "is not valid UTF-8"],
+    // 8 KB that kept the plain parser busy for seconds and took 550 MB.
+    ["deep nesting plus an alias", `${bad(() => {})}x: &a ${"[".repeat(4000)}${"]".repeat(4000)}\ny: *a\n`, "nested more than 64 levels deep"],
   ])("bad input (%s): a Warning names the field, the node keeps its last good state", async (_case, text, expected) => {
     const pids = [await mainPid(agent, "web.service"), await mainPid(agent, "ticker.service")];
     const page = await agent.node.readFile("/etc/web/index.html");

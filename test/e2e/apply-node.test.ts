@@ -135,6 +135,33 @@ describe("trellis apply inside a node", () => {
     expect(await node.readFile("/etc/web/index.html")).toBe(before);
   });
 
+  test("a path that is an existing directory is refused before anything is written", async () => {
+    const before = await node.readFile("/etc/web/index.html");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>not written</h1>\n";
+    osc.spec.files.push({ path: "/etc/web", content: { inline: { data: "x" } } });
+    const r = await apply(osc);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain("spec.files[2] (/etc/web): /etc/web cannot be written: is a directory");
+    expect(await node.readFile("/etc/web/index.html")).toBe(before);
+  });
+
+  test("an unfinished apply of an older OSC whose path cannot even be read never blocks a newer OSC", async () => {
+    // As the state an earlier trellis left behind when an OSC named an existing directory.
+    const statePath = "/var/lib/gardener-node-agent/trellis/state.json";
+    const state = JSON.parse(await node.readFile(statePath));
+    const stale = { kind: "write", target: { type: "file" }, path: "/etc/web", mode: 0o644, sha256: "0".repeat(64), reason: "new" };
+    state.progress = { checksum: "f".repeat(64), plan: { checksum: "f".repeat(64), steps: [stale] }, done: [] };
+    await node.writeFile(statePath, JSON.stringify(state), 0o600);
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>after a stale plan</h1>\n";
+    const r = await apply(osc);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain("a path of the superseded apply cannot be read; not adopted");
+    expect(await node.readFile("/etc/web/index.html")).toBe("<h1>after a stale plan</h1>\n");
+    expect(JSON.parse(await node.readFile(statePath)).progress).toBeUndefined();
+  });
+
   test("the agent's own unit restarts last, after the others were attempted, even when one failed", async () => {
     const unit = (name: string, service: string) => ({ name, command: "start", content: `[Service]\n${service}\n[Install]\nWantedBy=multi-user.target\n`, filePaths: ["/etc/selftest/conf"] });
     const osc = (version: number) => ({

@@ -96,7 +96,7 @@ export async function registerNode(core: CoreV1Api, name: string): Promise<void>
 }
 
 /** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */
-export async function putOscSecret(cluster: Cluster, name: string, oscYaml: string, annotations: Record<string, string> = {}): Promise<string> {
+export async function putOscSecret(cluster: Cluster, name: string, oscYaml: string | Uint8Array, annotations: Record<string, string> = {}): Promise<string> {
   const core = cluster.admin().makeApiClient(CoreV1Api);
   const checksum = sha256Hex(oscYaml);
   const body = {

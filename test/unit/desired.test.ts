@@ -15,7 +15,8 @@ import {
   secretRefsOf,
   sha256Hex,
 } from "../../src/api/desired.ts";
-import type { OperatingSystemConfig } from "../../src/api/osc.ts";
+import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../../src/api/osc.ts";
+import * as v from "valibot";
 
 const SOURCE = "secret kube-system/gardener-node-agent-worker-1a2b";
 const HOST = "node-1";
@@ -35,6 +36,9 @@ type Images = Map<string, ImageFileResult>;
 /** An OSC document (JSON is YAML) with the right apiVersion and kind. */
 const oscText = (doc: Doc) =>
   JSON.stringify({ apiVersion: "extensions.gardener.cloud/v1alpha1", kind: "OperatingSystemConfig", spec: doc.spec ?? {}, ...(doc.status ? { status: doc.status } : {}) });
+
+/** The OSC without the YAML text: for content too large to fit into a document within the parse limits. */
+const direct = (doc: Doc) => v.parse(OperatingSystemConfigSchema, JSON.parse(oscText(doc)));
 
 function parsed(doc: Doc): OperatingSystemConfig {
   const r = parseOsc(oscText(doc), SOURCE);
@@ -129,7 +133,14 @@ status:
 
   test.each([
     ["empty document", "", [""]],
-    ["a list instead of an object", "- a\n", ["apiVersion", "kind", "spec"]],
+    ["a list instead of an object", "- a\n", [""]],
+    // valibot's object schemas let arrays through: `spec: []` read as an OSC without units or files, and
+    // applying it removed everything trellis owned.
+    ["a list for spec", `${HEAD}spec: []\n`, ["spec"]],
+    ["a list for status", `${HEAD}spec: {}\nstatus: []\n`, ["status"]],
+    ["a list for criConfig.containerd", `${HEAD}spec:\n  criConfig: {name: containerd, containerd: []}\n`, ["spec.criConfig.containerd"]],
+    ["a list for a file's content", `${HEAD}spec:\n  files:\n  - {path: /a, content: []}\n`, ["spec.files.0.content"]],
+    ["a list for inline", `${HEAD}spec:\n  files:\n  - {path: /a, content: {inline: [x]}}\n`, ["spec.files.0.content.inline"]],
     ["units not a list", `${HEAD}spec:\n  units: kubelet.service\n`, ["spec.units"]],
     ["files not a list", `${HEAD}spec:\n  files: {path: /a}\n`, ["spec.files"]],
     ["permissions a string", `${HEAD}spec:\n  files:\n  - {path: /a, permissions: "0644", content: {inline: {data: x}}}\n`, ["spec.files.0.permissions"]],
@@ -157,6 +168,7 @@ status:
     if (r.ok) return;
     expect(r.errors).toHaveLength(fields.length);
     fields.forEach((field, i) => expect(r.errors[i]).toStartWith(field ? `${SOURCE}: ${field}: ` : `${SOURCE}: `));
+    if (yaml.includes("[]") || yaml.startsWith("- ")) expect(r.errors[0]).toContain("Expected a mapping but received a list");
   });
 
   test("YAML 1.1 booleans as Go's yaml reads them: enable: yes is true", () => {
@@ -247,6 +259,9 @@ describe("file content", () => {
     ["a length that is not a multiple of 4", "YWJjZ"],
     ["padding in the middle", "YQ==YQ=="],
     ["a single character", "a"],
+    // Go's StdEncoding skips only line breaks; Buffer.from would skip these and decode the rest.
+    ["a space inside", "aGVs bG8="],
+    ["a tab inside", "aGVs\tbG8="],
   ])("bad base64 (%s) is an error naming content.inline.data", (_, data) => {
     const e = theError({ spec: { files: [{ path: "/etc/x", content: inline(data, "b64") }] } });
     expect(e).toContain("spec.files[0] (/etc/x).content.inline.data");
@@ -315,20 +330,30 @@ describe("file content", () => {
     expect(e).toContain(got);
   });
 
+  // A document is capped before parsing (src/api/yaml.ts), but aliases can repeat a large scalar.
+  const resolveDirect = (doc: Doc) => resolveDesired(direct(doc), { hostName: HOST, secrets: new Map(), images: new Map(), source: SOURCE });
+
   test("inline content above the size limit is an error", () => {
-    const e = theError({ spec: { files: [{ path: "/etc/big", content: inline("x".repeat(maxFileBytes + 1)) }] } });
-    expect(e).toContain("spec.files[0] (/etc/big).content.inline.data");
-    expect(e).toContain(`more than the limit of ${maxFileBytes}`);
+    const r = resolveDirect({ spec: { files: [{ path: "/etc/big", content: inline("x".repeat(maxFileBytes + 1)) }] } });
+    expect(r.ok ? [] : r.errors).toEqual([`${SOURCE}: spec.files[0] (/etc/big).content.inline.data: content is ${maxFileBytes + 1} bytes, more than the limit of ${maxFileBytes}`]);
   });
 
   test("base64 content whose decoded size is above the limit is an error", () => {
-    const e = theError({ spec: { files: [{ path: "/etc/big", content: inline(Buffer.alloc(maxFileBytes + 1).toString("base64"), "b64") }] } });
-    expect(e).toContain("content.inline.data");
+    const r = resolveDirect({ spec: { files: [{ path: "/etc/big", content: inline(Buffer.alloc(maxFileBytes + 1).toString("base64"), "b64") }] } });
+    expect(r.ok ? "" : r.errors.join()).toContain("content.inline.data");
   });
 
   test("content exactly at the size limit is accepted", () => {
-    const d = ok({ spec: { files: [{ path: "/etc/big", content: inline("x".repeat(maxFileBytes)) }] } });
-    expect(inBytes(d.files[0]?.content).byteLength).toBe(maxFileBytes);
+    const r = resolveDirect({ spec: { files: [{ path: "/etc/big", content: inline("x".repeat(maxFileBytes)) }] } });
+    expect(r.ok && inBytes(r.value.files[0]?.content).byteLength).toBe(maxFileBytes);
+  });
+
+  test.each([
+    ["unit content", { units: [{ name: "a.service", content: "x".repeat(maxFileBytes + 1) }] }, "unit a.service.content"],
+    ["drop-in content", { units: [{ name: "a.service", dropIns: [{ name: "a.conf", content: "x".repeat(maxFileBytes + 1) }] }] }, "unit a.service.dropIns[a.conf].content"],
+  ])("%s above the size limit is an error, as for files", (_, spec, field) => {
+    const r = resolveDirect({ spec });
+    expect(r.ok ? [] : r.errors).toEqual([`${SOURCE}: ${field}: is ${maxFileBytes + 1} bytes, more than the limit of ${maxFileBytes}`]);
   });
 
   test("Secret content above the size limit is an error naming content.secretRef", () => {
@@ -363,6 +388,10 @@ describe("file paths", () => {
     ["a double slash", "/a//b", /"?\/\/"?/],
     ["a trailing slash", "/etc/x/", /trailing|ends with/],
     ["a NUL byte", "/etc/x\0y", /NUL/],
+    ["a sysctl under /proc", "/proc/sys/kernel/core_pattern", /under \/proc, which belongs to the kernel/],
+    ["/proc itself", "/proc", /under \/proc/],
+    ["a file under /sys", "/sys/kernel/mm/transparent_hugepage/enabled", /under \/sys/],
+    ["a device", "/dev/sda", /under \/dev/],
   ])("%s is an error naming the file and the problem", (_, path, problem) => {
     const e = theError({ spec: { files: [file(path)] } });
     expect(e).toContain(`spec.files[0] (${path}): path `);
@@ -558,6 +587,12 @@ describe("units", () => {
 
   test("a NUL byte in unit content is an error", () => {
     expect(theError({ spec: { units: [{ name: "a.service", content: "a\0b" }] } })).toContain("unit a.service.content: contains a NUL byte");
+  });
+
+  test("a NUL byte in drop-in content is an error, as in unit content", () => {
+    expect(theError({ spec: { units: [{ name: "a.service", dropIns: [{ name: "a.conf", content: "[Service]\0" }] }] } })).toContain(
+      "unit a.service.dropIns[a.conf].content: contains a NUL byte",
+    );
   });
 });
 

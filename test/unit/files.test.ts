@@ -1,8 +1,8 @@
 // src/host/files.ts over a temporary root: round trips, exact modes whatever the umask, atomic replace,
-// path validation, confinement to the root, and temp-file cleanup.
+// path validation, symlinks resolved within the root, hostile neighbours, and temp-file cleanup.
 import { describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { open, readFile } from "node:fs/promises";
 import { checkNodePath, createFiles, FileError, type Files } from "../../src/host/files.ts";
 import { runDir } from "../harness/exec.ts";
@@ -289,56 +289,49 @@ describe("node paths", () => {
   });
 });
 
-describe("confinement to the root", () => {
-  test("a symlinked parent leading outside the root is refused, and nothing is created outside", async () => {
+describe("symlinks resolve within the root, as the node sees them", () => {
+  test("an absolute target starts again at the root and '..' stops there: nothing outside is read or created", async () => {
     const { root, files } = fresh();
     const outside = mkdtempSync(`${base}/outside-`);
     writeFileSync(`${outside}/secret`, "host secret\n");
     mkdirSync(`${root}/var`);
-    symlinkSync(outside, `${root}/var/run`); // absolute, like a node's /var/run -> /run
-    symlinkSync("../..", `${root}/var/up`); // relative, climbing out
-
-    for (const path of ["/var/run/x", "/var/run/new/dir/x", "/var/up/x"]) {
-      const err = await fileError(files.writeAtomic(path, "x", 0o644));
-      expect(err).toMatchObject({ op: "writeAtomic", path });
-      expect(err.message).toContain(JSON.stringify(path));
-      expect(err.message).toContain("outside the root");
-    }
-    expect(readdirSync(outside)).toEqual(["secret"]);
-    expect((await fileError(files.read("/var/run/secret"))).op).toBe("read");
-    expect((await fileError(files.sha256("/var/run/secret"))).op).toBe("sha256");
-    expect((await fileError(files.remove("/var/run/secret"))).op).toBe("remove");
-    expect((await fileError(files.list("/var/run"))).op).toBe("list");
-    expect((await fileError(files.cleanupTemp("/var/run"))).op).toBe("cleanupTemp");
-    expect(existsSync(`${outside}/secret`)).toBe(true);
-  });
-
-  test("a final symlink pointing outside is not read through, but can itself be stat'ed, replaced or removed", async () => {
-    const { root, files } = fresh();
-    const outside = mkdtempSync(`${base}/outside-`);
-    writeFileSync(`${outside}/hostname`, "host\n");
-    mkdirSync(`${root}/etc`);
-    symlinkSync(`${outside}/hostname`, `${root}/etc/hostname`);
-    symlinkSync(`${outside}/hostname`, `${root}/etc/hostname2`);
-    expect((await fileError(files.read("/etc/hostname"))).message).toContain("outside the root");
-    expect(await files.stat("/etc/hostname")).toMatchObject({ kind: "symlink" });
-    expect(await files.remove("/etc/hostname2")).toBe(true);
-    await files.writeAtomic("/etc/hostname", "node\n", 0o644);
-    expect(readFileSync(`${outside}/hostname`, "utf8")).toBe("host\n");
-    expect(text(await files.read("/etc/hostname"))).toBe("node\n");
-  });
-
-  test("symlinks that stay inside the root work", async () => {
-    const { root, files } = fresh();
     mkdirSync(`${root}/run`);
-    mkdirSync(`${root}/var`);
-    symlinkSync(`${root}/run`, `${root}/var/run`); // absolute, but inside
-    symlinkSync("../run", `${root}/var/run2`);
+    symlinkSync("/run", `${root}/var/run`); // a node's /var/run -> /run
+    symlinkSync(outside, `${root}/var/host`); // a host path: inside the root it names root + that path
+    symlinkSync("../../..", `${root}/var/up`); // climbing out stops at the root
+
     await files.writeAtomic("/var/run/a", "a", 0o644);
-    await files.writeAtomic("/var/run2/sub/b", "b", 0o644);
     expect(readFileSync(`${root}/run/a`, "utf8")).toBe("a");
-    expect(readFileSync(`${root}/run/sub/b`, "utf8")).toBe("b");
-    expect(await files.list("/var/run")).toEqual(["a", "sub"]);
+    expect(await files.read(`/var/host/secret`)).toBeUndefined();
+    await files.writeAtomic("/var/host/new", "n", 0o644);
+    expect(readFileSync(`${root}${outside}/new`, "utf8")).toBe("n");
+    await files.writeAtomic("/var/up/top", "t", 0o644);
+    expect(readFileSync(`${root}/top`, "utf8")).toBe("t");
+    expect(await files.list("/var/up")).toEqual(readdirSync(root).sort());
+    expect(await files.list("/var/up")).toContain("top");
+    expect(readdirSync(outside)).toEqual(["secret"]);
+  });
+
+  test("a final symlink is read through within the root; a write replaces the link, never its target", async () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/etc`);
+    writeFileSync(`${root}/etc/real`, "real\n");
+    symlinkSync("/etc/real", `${root}/etc/link`);
+    symlinkSync("/etc/real", `${root}/etc/link2`);
+    expect(text(await files.read("/etc/link"))).toBe("real\n");
+    expect(await files.sha256("/etc/link")).toBe(sha("real\n"));
+    expect(await files.stat("/etc/link")).toMatchObject({ kind: "symlink" });
+    expect(await files.remove("/etc/link2")).toBe(true);
+    await files.writeAtomic("/etc/link", "new\n", 0o644);
+    expect(readFileSync(`${root}/etc/real`, "utf8")).toBe("real\n");
+    expect(lstatSync(`${root}/etc/link`).isFile()).toBe(true);
+  });
+
+  test("a symlink loop is a FileError", async () => {
+    const { root, files } = fresh();
+    symlinkSync("/b", `${root}/a`);
+    symlinkSync("/a", `${root}/b`);
+    expect((await fileError(files.writeAtomic("/a/x", "x", 0o644))).message).toContain("more than 40 symlinks");
   });
 
   test("a missing root is a FileError naming the root", async () => {
@@ -346,6 +339,64 @@ describe("confinement to the root", () => {
     const err = await fileError(files.writeAtomic("/x", "x", 0o644));
     expect(err.message).toContain(`(root ${base}/does-not-exist)`);
     expect(err.message).toContain("cannot resolve the root");
+  });
+});
+
+// One rule under every root: run for a temporary root and for "/" itself (the tree then lives in /tmp).
+describe.each([["a temporary root", false], ['root "/"', true]] as const)("hostile neighbours, %s", (_, hostRoot) => {
+  const setup = () => {
+    const { root, files } = fresh();
+    return hostRoot ? { root, files: createFiles("/"), at: (p: string) => `${root}${p}` } : { root, files, at: (p: string) => p };
+  };
+  const user = 4242;
+
+  test("a symlink another user owns is not followed, even to a root-owned target", async () => {
+    const { root, files, at } = setup();
+    mkdirSync(`${root}/etc`);
+    mkdirSync(`${root}/tmp`, { mode: 0o1777 });
+    chmodSync(`${root}/tmp`, 0o1777);
+    symlinkSync(hostRoot ? `${root}/etc` : "/etc", `${root}/tmp/planted`);
+    lchownSync(`${root}/tmp/planted`, user, user);
+    for (const op of [() => files.writeAtomic(at("/tmp/planted/passwd"), "x", 0o644), () => files.read(at("/tmp/planted/passwd")), () => files.list(at("/tmp/planted"))]) {
+      expect((await fileError(op())).message).toContain(`is owned by uid ${user}, not root`);
+    }
+    expect(await files.writeProblem(at("/tmp/planted/passwd"))).toContain("unsafe path transition");
+    expect(readdirSync(`${root}/etc`)).toEqual([]);
+  });
+
+  test("a directory another user owns is not walked through; root's own in a sticky directory is", async () => {
+    const { root, files, at } = setup();
+    mkdirSync(`${root}/tmp`, { mode: 0o1777 });
+    chmodSync(`${root}/tmp`, 0o1777);
+    mkdirSync(`${root}/tmp/theirs`);
+    chownSync(`${root}/tmp/theirs`, user, user);
+    mkdirSync(`${root}/tmp/ours`);
+    expect((await fileError(files.writeAtomic(at("/tmp/theirs/x"), "x", 0o644))).message).toContain("unsafe path transition");
+    await files.writeAtomic(at("/tmp/ours/x"), "x", 0o644);
+    expect(readFileSync(`${root}/tmp/ours/x`, "utf8")).toBe("x");
+  });
+
+  test("no walking through a directory others may rename entries in (world-writable, not sticky)", async () => {
+    const { root, files, at } = setup();
+    mkdirSync(`${root}/open/sub`, { recursive: true });
+    chmodSync(`${root}/open`, 0o777);
+    // Writing into it is safe (O_EXCL temp file, rename); walking through an entry of it is not.
+    await files.writeAtomic(at("/open/file"), "x", 0o644);
+    expect((await fileError(files.writeAtomic(at("/open/sub/x"), "x", 0o644))).message).toContain("lets other users rename sub");
+  });
+
+  test("writeProblem names what cannot be written: a directory, a FIFO, a parent that is a file", async () => {
+    const { root, files, at } = setup();
+    mkdirSync(`${root}/etc/dir`, { recursive: true });
+    writeFileSync(`${root}/etc/file`, "x");
+    Bun.spawnSync(["mkfifo", `${root}/etc/fifo`]);
+    expect(await files.writeProblem(at("/etc/dir"))).toBe("is a directory");
+    expect(await files.writeProblem(at("/etc/fifo"))).toBe("is a FIFO, not a regular file");
+    expect(await files.writeProblem(at("/etc/file/below"))).toContain("a parent is not a directory");
+    expect(await files.writeProblem(at("/etc/file"))).toBeUndefined();
+    expect(await files.writeProblem(at("/etc/new/deeper"))).toBeUndefined();
+    expect((await fileError(files.writeAtomic(at("/etc/fifo"), "x", 0o644))).message).toContain("is a FIFO");
+    expect(statSync(`${root}/etc/fifo`).isFIFO()).toBe(true);
   });
 });
 

@@ -13,6 +13,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { chmod, mkdir, open, readdir, readFile, rename, stat, unlink, type FileHandle } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import * as v from "valibot";
+import { object, record } from "../../api/shapes.ts";
 import { describeError, type Logger } from "../../log.ts";
 import { createFiles } from "../files.ts";
 import { defaultTimeouts, RegistryClient, TokenCache, type ManifestBytes, type Timeouts } from "./client.ts";
@@ -92,12 +93,12 @@ const defaultMaxFileBytes = 512 << 20;
 const maxConfigBytes = 8 << 20;
 const sha256Hex = /^[0-9a-f]{64}$/;
 
-const IndexSchema = v.object({
+const IndexSchema = object({
   version: v.literal(1),
   /** platform manifest digest → normalised path in the image → the extracted file */
-  files: v.record(v.string(), v.record(v.string(), v.object({ sha256: v.pipe(v.string(), v.regex(sha256Hex)), size: v.number() }))),
+  files: record(v.string(), record(v.string(), object({ sha256: v.pipe(v.string(), v.regex(sha256Hex)), size: v.number() }))),
   /** image index digest → "linux/<arch>" → platform manifest digest */
-  indexes: v.record(v.string(), v.record(v.string(), v.string())),
+  indexes: record(v.string(), record(v.string(), v.string())),
 });
 type CacheIndex = v.InferOutput<typeof IndexSchema>;
 const emptyIndex = (): CacheIndex => ({ version: 1, files: {}, indexes: {} });
