@@ -20,6 +20,13 @@ export const paths = {
   containerdHostsDir: "/etc/containerd/certs.d",
 } as const;
 
+/** Paths of kubelet's credentials, as gardener-node-agent checks them (components/kubelet). */
+export const kubelet = {
+  bootstrapKubeconfig: "/var/lib/kubelet/kubeconfig-bootstrap",
+  realKubeconfig: "/var/lib/kubelet/kubeconfig-real",
+  clientCertificate: "/var/lib/kubelet/pki/kubelet-client-current.pem",
+} as const;
+
 /** The agent's own unit: the name gardener-node-agent uses, so Gardener's OSC restarts trellis. */
 export const agentUnit = "gardener-node-agent.service";
 /** Key of the OSC in the OSC Secret's data. */

@@ -20,7 +20,7 @@ import { parseArgs } from "node:util";
 import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } from "../api/agent-unit.ts";
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
-import { paths } from "../api/paths.ts";
+import { kubelet, paths } from "../api/paths.ts";
 import { createFiles, type Files } from "../host/files.ts";
 import { createSystemd, type Systemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
@@ -41,13 +41,6 @@ Turns a new machine into one the agent runs on, as gardener-node-init.service do
 Safe to run again: it does only what is missing.
 
   --wait DURATION   how long to wait for the CSR to be approved and issued (default ${formatDuration(defaultWaitMs)})`;
-
-/** Paths of kubelet's credentials, as gardener-node-agent checks them (components/kubelet). */
-export const kubelet = {
-  bootstrapKubeconfig: "/var/lib/kubelet/kubeconfig-bootstrap",
-  realKubeconfig: "/var/lib/kubelet/kubeconfig-real",
-  clientCertificate: "/var/lib/kubelet/pki/kubelet-client-current.pem",
-} as const;
 
 export async function run(args: string[]): Promise<number> {
   const { values } = parseArgs({

@@ -7,6 +7,7 @@ import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, paths } from "../api/paths.ts";
 import { createStateStore } from "../apply/state-store.ts";
+import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
 import { startHealthController } from "../controllers/health.ts";
 import { startHostnameCheck } from "../controllers/hostname.ts";
@@ -95,8 +96,8 @@ export async function run(args: string[]): Promise<number> {
       selfBinary: realpathSync(process.execPath),
       configDir: resolve(values["config-dir"]),
       images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
-      bootstrapTokenInUse: connection.kind === "token-file",
     }),
+    startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
     startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),

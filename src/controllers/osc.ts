@@ -43,7 +43,6 @@ export const labels = {
 } as const;
 /** trellis's own Node condition: whether the current OSC is applied, and if not, why. */
 export const conditionType = "OperatingSystemConfigApplied";
-const kubeletBootstrapKubeconfig = "/var/lib/kubelet/kubeconfig-bootstrap";
 const apiServerManifest = "/etc/kubernetes/manifests/kube-apiserver.yaml";
 
 export type OscControllerDeps = {
@@ -65,8 +64,6 @@ export type OscControllerDeps = {
   selfBinary: string;
   configDir: string;
   images: ImageStore;
-  /** The agent itself authenticates with the bootstrap token (no kubeconfig yet): it must stay. */
-  bootstrapTokenInUse: boolean;
   now?: () => number;
 };
 
@@ -375,7 +372,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
-    await removeBootstrapCredentials();
     const { reported, unreported } = note(checksum);
     for (const u of desired.unsupported) {
       if (current && !reported.has(`unsupported/${u}`)) {
@@ -430,16 +426,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
       await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
     } catch (err) {
       log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) });
-    }
-  }
-
-  // Once an apply succeeded the bootstrap token and kubelet's bootstrap kubeconfig must not stay on
-  // the node. Checked after every success (two failed unlinks when they are gone), so a crash right
-  // after the first success cannot leave them behind.
-  async function removeBootstrapCredentials(): Promise<void> {
-    const remove = deps.bootstrapTokenInUse ? [kubeletBootstrapKubeconfig] : [paths.bootstrapToken, kubeletBootstrapKubeconfig];
-    for (const path of remove) {
-      if (await deps.files.remove(path)) log.info("removed bootstrap credentials after the first successful apply", { path });
     }
   }
 

@@ -29,15 +29,9 @@ afterAll(async () => {
 });
 
 describe("the agent follows the OSC Secret", () => {
-  test("first apply: files, units, Node annotation and labels, an OSCApplied event, the condition; bootstrap credentials removed", async () => {
-    await agent.node.writeFile("/var/lib/gardener-node-agent/credentials/bootstrap-token", "abcdef.0123456789abcdef", 0o600);
-    await agent.node.writeFile("/var/lib/kubelet/kubeconfig-bootstrap", "apiVersion: v1\nkind: Config\n", 0o600);
+  test("first apply: files, units, Node annotation and labels, an OSCApplied event, the condition", async () => {
     const checksum = await putOscSecret(cluster, secretName, osc("<h1>v1</h1>\n"));
     const node = await waitApplied(agent, checksum);
-    await waitFor("bootstrap credentials removed", async () =>
-      (await agent.node.exec(["test", "-e", "/var/lib/gardener-node-agent/credentials/bootstrap-token"])).code === 1 &&
-      (await agent.node.exec(["test", "-e", "/var/lib/kubelet/kubeconfig-bootstrap"])).code === 1,
-    );
     expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v1</h1>\n");
     expect((await agent.node.exec(["systemctl", "is-active", "web.service", "ticker.service"])).stdout).toBe("active\nactive\n");
     expect(node.metadata?.labels).toMatchObject({ "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "" });
@@ -161,6 +155,30 @@ describe("the agent follows the OSC Secret", () => {
     expect((await agent.node.execOk(["sh", "-c", "ls /etc/bulk | wc -l"])).trim()).toBe("200");
   }, 60_000);
 });
+
+test("the bootstrap credentials stay until the Node is registered and kubelet holds its own certificate, then go", async () => {
+  const late = await startAgentNode(cluster, { prefix: "creds", secretName: "osc-creds", registerNode: false, start: false });
+  const exists = async (path: string) => (await late.node.exec(["test", "-e", path])).code === 0;
+  const credentials = ["/var/lib/gardener-node-agent/credentials/bootstrap-token", "/var/lib/kubelet/kubeconfig-bootstrap"];
+  // The agent logs why it keeps them whenever the reason changes: the event that proves each stage.
+  const keptBecause = (why: string) =>
+    waitFor(`the agent keeping the credentials because ${why}`, async () => (await late.node.exec(["journalctl", "-u", "gardener-node-agent", "-o", "cat"])).stdout.includes(`"why":"${why}"`), 30_000);
+  try {
+    await late.node.writeFile(credentials[0] as string, "abcdef.0123456789abcdef", 0o600);
+    await late.node.writeFile(credentials[1] as string, "apiVersion: v1\nkind: Config\n", 0o600);
+    await late.node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
+    await putOscSecret(cluster, "osc-creds", osc("<h1>creds</h1>\n"));
+    await keptBecause("kubelet has not registered the Node yet");
+    expect(await Promise.all(credentials.map(exists))).toEqual([true, true]);
+    await registerNode(late.core, late.name);
+    await keptBecause("kubelet has no client certificate yet");
+    expect(await Promise.all(credentials.map(exists))).toEqual([true, true]);
+    await late.node.writeFile("/var/lib/kubelet/kubeconfig-real", "apiVersion: v1\nkind: Config\n", 0o600);
+    await waitFor("the bootstrap credentials removed", async () => (await Promise.all(credentials.map(exists))).every((e) => !e), 30_000);
+  } finally {
+    await late.node.stop();
+  }
+}, 120_000);
 
 test("a Node that registers only after the first apply (as kubelet's does) still gets the OSCApplied event naming the steps", async () => {
   const late = await startAgentNode(cluster, { prefix: "late", secretName: "osc-late", registerNode: false });

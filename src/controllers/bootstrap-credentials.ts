@@ -1,0 +1,67 @@
+// Removes the bootstrap credentials once they have served: kubelet's bootstrap kubeconfig and the
+// agent's bootstrap token. Not right after the first successful apply: kubelet starts with that apply
+// and needs the bootstrap kubeconfig until its own client certificate was issued, and a kubelet that is
+// slow, or restarted before its certificate request was approved, would never join. So, as
+// gardener-node-agent does, only once the Node is registered, and beyond it, only once kubelet holds
+// its own credentials (a Node can exist before kubelet registered it: created by a provider or a test).
+import { kubelet, paths } from "../api/paths.ts";
+import type { StateStore } from "../apply/state-store.ts";
+import type { Files } from "../host/files.ts";
+import { describeError, type Logger } from "../log.ts";
+import type { Controller, NodeSource } from "./types.ts";
+
+export type BootstrapCredentialsDeps = {
+  files: Files;
+  node: NodeSource;
+  store: StateStore;
+  log: Logger;
+  /** The agent itself authenticates with the bootstrap token (no kubeconfig yet): it must stay. */
+  bootstrapTokenInUse: boolean;
+  /** How often the conditions are looked at while credentials remain (default 5 s, as gardener-node-agent requeues). */
+  intervalMs?: number;
+};
+
+export function startBootstrapCredentialsCleanup(deps: BootstrapCredentialsDeps): Controller {
+  const log = deps.log.with({ controller: "bootstrap-credentials" });
+  const targets = deps.bootstrapTokenInUse ? [kubelet.bootstrapKubeconfig] : [kubelet.bootstrapKubeconfig, paths.bootstrapToken];
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let stopped = false;
+  let waitingFor = "";
+
+  // Why the credentials must stay, or undefined once they may go.
+  const stillNeeded = async (): Promise<string | undefined> => {
+    if (!(await deps.store.read()).lastApplied) return "no OSC applied yet";
+    if (!deps.node.current()) return "kubelet has not registered the Node yet";
+    for (const credential of [kubelet.realKubeconfig, kubelet.clientCertificate]) if (await deps.files.stat(credential)) return undefined;
+    return "kubelet has no client certificate yet";
+  };
+
+  const check = async (): Promise<boolean> => {
+    const present = (await Promise.all(targets.map(async (t) => ((await deps.files.stat(t)) ? t : undefined)))).filter((t) => t !== undefined);
+    if (present.length === 0) return true;
+    const why = await stillNeeded();
+    if (why) {
+      if (why !== waitingFor) log.info("keeping the bootstrap credentials", { why, paths: present });
+      waitingFor = why;
+      return false;
+    }
+    for (const path of present) if (await deps.files.remove(path)) log.info("removed bootstrap credentials: kubelet has joined with its own", { path });
+    return true;
+  };
+
+  const tick = async () => {
+    const done = await check().catch((err: unknown) => {
+      log.warn("could not check or remove the bootstrap credentials", { error: describeError(err) });
+      return false;
+    });
+    if (!done && !stopped) timer = setTimeout(tick, deps.intervalMs ?? 5_000);
+  };
+  void tick();
+
+  return {
+    stop: async () => {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+    },
+  };
+}
