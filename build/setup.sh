@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need on a fresh Debian 12 machine, idempotently:
 # Debian packages (containerd, skopeo, docker-registry, ...), Bun at the version package.json pins,
-# the project's dependencies from bun.lock, and the cluster binaries (built once into a cache).
+# the project's dependencies from bun.lock, and the cluster binaries (etcd, kube-apiserver,
+# kube-controller-manager, kubelet; built once into a cache).
 # Needs root (the tests boot systemd nodes in Linux namespaces) and Go (for the cluster binaries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +12,11 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 [[ $(id -u) == 0 ]] || { say "run as root: the tests create namespaces, cgroups and mounts"; exit 1; }
 
 # Debian packages: node runtime (systemd, D-Bus, containerd), image tooling, PKI, networking; perf for
-# `bun run bench:trace`.
-pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3 linux-perf)
+# `bun run bench:trace`. For kubelet in a node (test/harness/kubelet.ts): runc (containerd's runtime),
+# the CNI plugins (bridge, host-local, portmap, loopback), iptables (kubelet's own chains, portmap) and a
+# static busybox (the pause and web images are made of it).
+pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3 linux-perf
+  runc containernetworking-plugins iptables busybox-static)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kube-controller-manager from the Go module proxy into a versioned
+# Builds etcd, kube-apiserver, kube-controller-manager and kubelet from the Go module proxy into a versioned
 # cache outside the repo, once: later runs find the binaries and return at once.
 # The versions are pinned by k8s/go.mod and etcd/go.mod (the only place they are written).
 # Prints the cache directory. `build.sh --regen` rewrites k8s/go.mod's replace lines for its version.
@@ -38,4 +38,6 @@ ver="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-base/
 build etcd . etcd
 build k8s k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$ver"
 build k8s k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$ver"
+# kubelet runs inside the test nodes (test/harness/kubelet.ts), and is shipped to them in an image.
+build k8s k8s.io/kubernetes/cmd/kubelet kubelet "$ver"
 echo "$cache"

@@ -45,12 +45,22 @@ const stopGraceMs = 10_000;
 let binDir: Promise<string> | undefined;
 let clusters = 0;
 
+export type ClusterOptions = {
+  /** Start kube-controller-manager (default true). */
+  controllerManager?: boolean;
+  /**
+   * More IP addresses the API server's serving certificate names, for clients that reach it through a
+   * relay on another address: nodes on the bridge connect to 10.233.0.1 (test/harness/bridge-relay.ts).
+   */
+  servingIps?: string[];
+};
+
 /** Starts a control plane and waits until it serves requests (and, with the controller manager, runs controllers). */
-export async function startCluster(opts: { controllerManager?: boolean } = {}): Promise<Cluster> {
+export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> {
   const bin = await binaries();
   const dir = runDir(`cluster-${++clusters}`);
   const { etcdPort, peerPort, apiPort, kcmPort } = await allocatePorts();
-  const pki = await createPki(dir);
+  const pki = await createPki(dir, opts.servingIps ?? []);
   const server = `https://127.0.0.1:${apiPort}`;
   const adminKubeconfig = writeKubeconfig(`${dir}/admin.kubeconfig`, server, pki, pki.admin, "admin");
   const kcmKubeconfig = writeKubeconfig(`${dir}/kcm.kubeconfig`, server, pki, pki.kcm, "system:kube-controller-manager");
@@ -113,7 +123,7 @@ export async function startCluster(opts: { controllerManager?: boolean } = {}): 
 }
 
 /** The cached binaries; build.sh returns at once when they exist (a cold build takes many minutes). */
-function binaries(): Promise<string> {
+export function binaries(): Promise<string> {
   binDir ??= runOk(["bash", buildScript], { timeoutMs: 60 * 60_000 }).then((out) => out.trim().split("\n").at(-1) ?? "");
   return binDir;
 }
@@ -143,31 +153,34 @@ type Pki = {
   kcmServing: KeyPair;
   admin: KeyPair;
   kcm: KeyPair;
+  kubeletClient: KeyPair;
   saKey: string;
   saPub: string;
 };
 
 let certs = 0;
 
-async function createPki(dir: string): Promise<Pki> {
+async function createPki(dir: string, servingIps: string[]): Promise<Pki> {
   const pki = `${dir}/pki`;
   mkdirSync(pki, { recursive: true });
   // Without an explicit config, `req -x509` applies the system openssl.cnf's v3_ca section and
   // every leaf certificate would claim CA:TRUE.
   writeFileSync(opensslCnf(dir), "[req]\ndistinguished_name = dn\n[dn]\n");
   const [ca, clientCa] = await Promise.all([newCa(dir, "ca", "trellis-e2e-ca"), newCa(dir, "client-ca", "trellis-e2e-client-ca")]);
-  const sans = ["IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc", `IP:${serviceIp}`];
-  const [apiserver, kcmServing, admin, kcm] = await Promise.all([
+  const sans = ["IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc", `IP:${serviceIp}`, ...servingIps.map((ip) => `IP:${ip}`)];
+  const [apiserver, kcmServing, admin, kcm, kubeletClient] = await Promise.all([
     issue(dir, ca, "pki/apiserver", subject("kube-apiserver"), serverExts(sans)),
     issue(dir, ca, "pki/kcm-serving", subject("kube-controller-manager"), serverExts(["IP:127.0.0.1", "DNS:localhost"])),
     issue(dir, clientCa, "pki/admin", subject("admin", ["system:masters"]), clientExts),
     issue(dir, clientCa, "pki/kcm", subject("system:kube-controller-manager"), clientExts),
+    // kube-apiserver's identity towards kubelets (logs, exec), as kubeadm issues it.
+    issue(dir, clientCa, "pki/apiserver-kubelet-client", subject("kube-apiserver-kubelet-client", ["system:masters"]), clientExts),
   ]);
   const saKey = `${pki}/sa.key`;
   const saPub = `${pki}/sa.pub`;
   await runOk(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", saKey]);
   await runOk(["openssl", "pkey", "-in", saKey, "-pubout", "-out", saPub]);
-  return { ca, clientCa, apiserver, kcmServing, admin, kcm, saKey, saPub };
+  return { ca, clientCa, apiserver, kcmServing, admin, kcm, kubeletClient, saKey, saPub };
 }
 
 const clientExts = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature", "extendedKeyUsage=clientAuth"];
@@ -274,6 +287,11 @@ function apiserverArgs(bin: string, dir: string, pki: Pki, etcdPort: number, por
     `--service-account-key-file=${pki.saPub}`,
     `--service-account-signing-key-file=${pki.saKey}`,
     `--service-account-issuer=${serviceAccountIssuer}`,
+    `--kubelet-client-certificate=${pki.kubeletClient.cert}`,
+    `--kubelet-client-key=${pki.kubeletClient.key}`,
+    // A kubelet's node (test/harness/kubelet.ts) is reached at its address: its name resolves nowhere,
+    // and looking it up would send a DNS query off the machine.
+    "--kubelet-preferred-address-types=InternalIP",
     "--service-cluster-ip-range=10.0.0.0/24",
     "--allow-privileged",
     // Endpoints may not hold a loopback address, so the reconciler would only fail, every 10 s.

@@ -42,17 +42,25 @@ export type BootOptions = {
   net?: "host" | "private" | "bridge";
   /** Run containerd.service (with /var/lib/containerd on a tmpfs); masked otherwise. */
   containerd?: boolean;
+  /**
+   * Able to run a real kubelet and its pods (needs net "bridge" and containerd): cgroup v1 hierarchies
+   * (systemd boots in hybrid mode), /dev/kmsg, private copies of the host-global sysctls kubelet writes,
+   * a writable /proc/sys/net, CAP_MKNOD with the host's block devices denied. docs/testing.md says why.
+   */
+  kubelet?: boolean;
 };
 
 /** Boots a node named `${prefix}-<random>`; `prefix` is at most 13 of [a-z0-9-]. */
 export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<Node> {
   if (!/^[a-z0-9-]{1,13}$/.test(prefix)) throw new Error(`bad node name prefix "${prefix}" (want 1-13 of [a-z0-9-])`);
+  if (opts.kubelet && (opts.net !== "bridge" || !opts.containerd)) throw new Error(`a kubelet node needs net "bridge" and containerd`);
   const name = `${prefix}-${randomBytes(3).toString("hex")}`;
   const env = {
     ...(process.env as Record<string, string>),
     NODE_NET: opts.net ?? "private",
     NODE_TMPFS: opts.containerd ? "/var/lib/containerd" : "",
     NODE_MASK: opts.containerd ? "" : "containerd.service",
+    NODE_KUBELET: opts.kubelet ? "1" : "",
   };
   // Registered before booting: a crash halfway through boot must not leave a node behind either.
   const forget = atExit(() => Bun.spawnSync([`${scripts}stop.sh`, name, "5"], { stdout: "ignore", stderr: "ignore" }));

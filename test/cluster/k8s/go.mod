@@ -1,4 +1,4 @@
-// Builds the upstream kube-apiserver and kube-controller-manager for trellis's e2e tests.
+// Builds the upstream kube-apiserver, kube-controller-manager and kubelet for trellis's e2e tests.
 // The replace lines map kubernetes' staging modules (v0.0.0 in its go.mod) to their published versions;
 // regenerate them with test/cluster/build.sh --regen when KUBE_VERSION changes.
 module trellis.test/k8s

@@ -7,6 +7,9 @@
 #            bridge trbr0 = 10.233.0.1) | host (share host network: only if the node must reach host 127.0.0.1)
 #   NODE_TMPFS="/var/lib/containerd"  extra tmpfs mounts inside the node (overlay-on-overlay breaks rw mounts)
 #   NODE_MASK="unit ..."              extra units to mask
+#   NODE_KUBELET=1                    able to run kubelet and pods (needs NODE_NET=bridge): cgroup v1 hierarchies,
+#                                     /dev/kmsg, private kubelet sysctls, writable /proc/sys/net, CAP_MKNOD with
+#                                     host block devices denied (docs/testing.md, "A real kubelet in a node")
 #   NODE_TIMEOUT=30                   seconds to wait for `systemctl is-system-running` = running
 # Prints the host PID of the node's systemd (PID 1 inside). State in /tmp/trellis-test/nodes/NAME.
 set -euo pipefail
@@ -15,12 +18,15 @@ NAME=${1:?usage: boot.sh NAME}
 NODE_NET=${NODE_NET:-private}
 NODE_TMPFS=${NODE_TMPFS:-}
 NODE_MASK=${NODE_MASK:-}
+NODE_KUBELET=${NODE_KUBELET:-}
 NODE_TIMEOUT=${NODE_TIMEOUT:-30}
 NODES=/tmp/trellis-test/nodes
 STATE=$NODES/$NAME
 ROOTBASE=$STATE/rootfs
 CG=/sys/fs/cgroup/unified/trellis-$NAME
 case $NODE_NET in private|bridge|host) ;; *) echo "bad NODE_NET=$NODE_NET" >&2; exit 2;; esac
+# kubelet's CNI and sysctl writes act on the node's network namespace: never on the host's.
+[[ -z $NODE_KUBELET || $NODE_NET == bridge ]] || { echo "NODE_KUBELET needs NODE_NET=bridge" >&2; exit 2; }
 if [[ -f $STATE/pid ]] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
   echo "node $NAME already running (pid $(cat "$STATE/pid"))" >&2; exit 1
 fi
@@ -28,11 +34,41 @@ rm -rf "$STATE"; mkdir -p "$STATE" "$ROOTBASE"
 : > "$STATE/console.log"
 # Dedicated cgroup v2 subtree: becomes the node's cgroup-namespace root, and lets stop.sh prove a PID is ours.
 mkdir -p "$CG"
+JOIN=$CG/cgroup.procs
+# A kubelet node also gets a cgroup of its own in every cgroup v1 hierarchy of the host: on a hybrid host
+# the v2 hierarchy offers no cpu/memory/pids controllers, so runc and kubelet need v1 (and systemd then
+# boots in hybrid mode). Each is created below this script's own cgroup in that hierarchy, so the node
+# stays inside whatever limits apply to the test process. stop.sh removes what $STATE/cgroups lists.
+V1=
+if [[ -n $NODE_KUBELET ]]; then
+  while read -r target opts; do
+    opts=${opts#rw,}
+    own=$(awk -F: -v c="$opts" '$1 != 0 && $2 == c { print $3 }' /proc/self/cgroup)
+    [[ -n $own ]] || continue
+    dir=${target}${own%/}/trellis-$NAME
+    mkdir "$dir"; echo "$dir" >> "$STATE/cgroups"
+    case $opts in
+      # A new cpuset cgroup has no CPUs or memory nodes, and joining it fails until it has.
+      cpuset) cat "$dir/../cpuset.cpus" > "$dir/cpuset.cpus"; cat "$dir/../cpuset.mems" > "$dir/cpuset.mems";;
+      # The node keeps CAP_MKNOD (runc creates each container's /dev with it), so reading and writing the
+      # host's block devices is denied here (creating nodes stays allowed: runc's default rules grant
+      # "b *:* m" to every container), one level above the node's own cgroup: a cgroup can only be
+      # granted what its parent has, so nothing inside the node can lift the deny.
+      devices) echo 'b *:* rw' > "$dir/devices.deny"; dir=$dir/node; mkdir "$dir";;
+    esac
+    JOIN="$JOIN $dir/cgroup.procs"
+    V1="$V1 ${target##*/}:$opts"
+  done < <(findmnt -rn -t cgroup -o TARGET,FS-OPTIONS)
+  [[ -n $V1 ]] || { echo "NODE_KUBELET: the host has no cgroup v1 hierarchies" >&2; exit 1; }
+fi
+DROPCAPS=-sys_module,-sys_rawio,-sys_time,-mac_admin,-mac_override,-syslog,-wake_alarm,-block_suspend
+[[ -n $NODE_KUBELET ]] || DROPCAPS=$DROPCAPS,-mknod
 NETFLAG=--net; [[ $NODE_NET == host ]] && NETFLAG=
 cat > "$STATE/inner.sh" <<INNER
 #!/bin/bash
 set -euo pipefail
 NAME=$NAME; STATE=$STATE; B=$ROOTBASE; NODE_TMPFS="$NODE_TMPFS"; NODE_MASK="$NODE_MASK"
+NODE_KUBELET="$NODE_KUBELET"; V1="$V1"; DROPCAPS="$DROPCAPS"
 INNER
 cat >> "$STATE/inner.sh" <<'INNER'
 # We are PID 1 of a new pid ns, in a new (private-propagation) mount ns. /proc is still the host's,
@@ -50,8 +86,28 @@ for p in sys sysrq-trigger irq bus fs; do   # read-only like nspawn (protects ho
   [[ -e $R/proc/$p ]] || continue
   mount --bind "$R/proc/$p" "$R/proc/$p"; mount -o remount,bind,ro "$R/proc/$p"
 done
+if [[ -n $NODE_KUBELET ]]; then
+  # kubelet writes these at start; they are global to the host, so the node gets private copies.
+  mkdir "$B/sysctl"
+  for s in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes; do
+    [[ -e $R/proc/sys/$s ]] || continue
+    cat "$R/proc/sys/$s" > "$B/sysctl/${s//\//.}"; mount --bind "$B/sysctl/${s//\//.}" "$R/proc/sys/$s"
+  done
+  # /proc/sys/net is per network namespace (the node's own): the CNI plugins enable forwarding there.
+  mount --bind "$R/proc/sys/net" "$R/proc/sys/net"; mount -o remount,bind,rw "$R/proc/sys/net"
+fi
 mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$R/sys"
-mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$R/sys/fs/cgroup"   # own cgroupns root, rw
+if [[ -n $NODE_KUBELET ]]; then
+  # Hybrid layout, as on the host: one mount per v1 hierarchy (each rooted at the node's cgroup by the
+  # cgroup namespace) and cgroup2 at unified/; systemd finds it mounted and boots in hybrid mode.
+  mount -t tmpfs -o mode=755,nosuid,nodev,noexec,size=1m trellis-node-cgroup "$R/sys/fs/cgroup"
+  for h in $V1; do
+    mkdir "$R/sys/fs/cgroup/${h%%:*}"; mount -t cgroup -o "nosuid,nodev,noexec,${h#*:}" cgroup "$R/sys/fs/cgroup/${h%%:*}"
+  done
+  mkdir "$R/sys/fs/cgroup/unified"; mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$R/sys/fs/cgroup/unified"
+else
+  mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$R/sys/fs/cgroup"   # own cgroupns root, rw
+fi
 mount -t tmpfs -o mode=755,nosuid,size=16m trellis-node-dev "$R/dev"
 for d in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
   IFS=: read -r n ma mi <<<"$d"; mknod -m 666 "$R/dev/$n" c "$ma" "$mi"
@@ -63,6 +119,8 @@ mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
 ln -s /proc/self/fd "$R/dev/fd"; ln -s /proc/self/fd/0 "$R/dev/stdin"
 ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
 touch "$R/dev/console"; mount --bind "$STATE/console.log" "$R/dev/console"
+# kubelet's OOM watcher opens /dev/kmsg; a node has no kernel log of its own (kind links it the same way).
+[[ -z $NODE_KUBELET ]] || ln -s /dev/console "$R/dev/kmsg"
 mount -t tmpfs -o mode=755,nosuid,nodev,size=256m tmpfs "$R/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev,size=1g tmpfs "$R/tmp"
 for d in $NODE_TMPFS; do mkdir -p "$R$d"; mount -t tmpfs -o mode=711 tmpfs "$R$d"; done
@@ -86,12 +144,12 @@ cd /
 [[ $(stat -f -c %T /) == overlayfs ]] && [[ $(findmnt -n -o OPTIONS /) == *"upperdir=$B/upper,"* ]] \
   || { echo "refusing to boot: / is not the node overlay" >&2; exit 1; }
 exec env -i container=other PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  setpriv --bounding-set -sys_module,-sys_rawio,-sys_time,-mac_admin,-mac_override,-syslog,-wake_alarm,-block_suspend,-mknod \
+  setpriv --bounding-set "$DROPCAPS" \
   /lib/systemd/systemd --show-status=no </dev/null >/dev/console 2>&1
 INNER
 chmod +x "$STATE/inner.sh"
 # Launch detached (the node outlives this script). The outer bash moves itself into the node cgroup, then unshares.
-setsid bash -c "echo \$\$ > $CG/cgroup.procs; exec unshare --mount --pid --fork --uts --ipc --cgroup $NETFLAG --propagation private $STATE/inner.sh" \
+setsid bash -c "for p in $JOIN; do echo \$\$ > \$p; done; exec unshare --mount --pid --fork --uts --ipc --cgroup $NETFLAG --propagation private $STATE/inner.sh" \
   </dev/null >"$STATE/launcher.log" 2>&1 &
 echo "$!" > "$STATE/launcher.pid"
 for _ in $(seq 1 100); do [[ -s $STATE/pid.tmp ]] && break; sleep 0.02; done
@@ -110,6 +168,8 @@ if [[ $NODE_NET == bridge ]]; then
   nsenter -t "$PID" -n sh -c "ip addr add 10.233.0.$IDX/24 dev eth0 && ip link set eth0 up"
   echo "10.233.0.$IDX" > "$STATE/ip"
   flock -u 9
+  # kubelet finds its node's address by resolving the hostname, as a machine whose /etc/hosts names itself.
+  [[ -z $NODE_KUBELET ]] || nsenter -t "$PID" -m sh -c "echo '10.233.0.$IDX $NAME' >> /etc/hosts"
 fi
 # Wait for boot to finish. `degraded` is a failure here: a test node must come up clean.
 S=unknown

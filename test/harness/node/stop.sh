@@ -1,6 +1,6 @@
 #!/bin/bash
 # Stop a node started by boot.sh: SIGRTMIN+4 (= systemctl poweroff) to its PID 1, wait, SIGKILL as last resort;
-# then remove its cgroup, veth and state. Safe to call for a node that failed to boot or is already gone.
+# then remove its cgroups, veth and state. Safe to call for a node that failed to boot or is already gone.
 # Only PIDs inside the node's own cgroup are ever signalled.
 # Usage: stop.sh NAME [timeout_s]
 set -uo pipefail
@@ -12,8 +12,10 @@ STATE=$NODES/$NAME
 CG=/sys/fs/cgroup/unified/trellis-$NAME
 PID=$(cat "$STATE/pid" 2>/dev/null || cat "$STATE/pid.tmp" 2>/dev/null || true)
 LAUNCHER=$(cat "$STATE/launcher.pid" 2>/dev/null || true)
-# Live members of the node's cgroup tree (exited processes, zombies included, are no longer listed).
-procs() { find "$CG" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' '; }
+# The v2 cgroup, and for a kubelet node the one boot.sh made in each v1 hierarchy.
+mapfile -t CGS < <(echo "$CG"; cat "$STATE/cgroups" 2>/dev/null)
+# Live members of the node's cgroup trees (exited processes, zombies included, are no longer listed).
+procs() { find "${CGS[@]}" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | tr '\n' ' '; }
 is_ours() { [[ -n $1 ]] && [[ " $(procs) " == *" $1 "* ]]; }
 if is_ours "$PID"; then
   kill -s $(($(kill -l SIGRTMIN) + 4)) "$PID"
@@ -24,16 +26,16 @@ fi
 # The launcher (unshare --fork parent, also in the node cgroup) exits once its child, PID 1, is gone.
 for _ in $(seq 1 40); do is_ours "$LAUNCHER" || break; sleep 0.05; done
 is_ours "$LAUNCHER" && kill -9 "$LAUNCHER"
-if [[ -d $CG ]]; then
-  # Processes of a dying pid namespace can linger for a moment; rmdir fails until they are reaped.
-  for _ in $(seq 1 40); do
-    find "$CG" -depth -type d -exec rmdir {} + 2>/dev/null
-    [[ -d $CG ]] || break; sleep 0.05
-  done
-  if [[ -d $CG ]]; then
-    echo "cgroup $CG not removed; processes left: $(procs)" >&2
-    exit 1
-  fi
+left() { for c in "${CGS[@]}"; do [[ -d $c ]] && echo "$c"; done; }
+# Processes of a dying pid namespace can linger for a moment; rmdir fails until they are reaped.
+for _ in $(seq 1 40); do
+  [[ -n $(left) ]] || break
+  for c in $(left); do find "$c" -depth -type d -exec rmdir {} + 2>/dev/null; done
+  [[ -n $(left) ]] || break; sleep 0.05
+done
+if [[ -n $(left) ]]; then
+  echo "cgroups not removed: $(left | tr '\n' ' '); processes left: $(procs)" >&2
+  exit 1
 fi
 # The veth's node end dies with the netns, taking the host end along; the bridge goes with the last bridged node.
 if [[ -f $STATE/netidx ]]; then
