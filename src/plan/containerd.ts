@@ -28,6 +28,8 @@ export const confDir = "/etc/containerd/conf.d";
 export const importsGlob = `${confDir}/*.toml`;
 /** Gardener's ContainerDRuntimeContainersBinFolder: extensions install runtime shims (gVisor, Kata) here. */
 export const runtimesBinDir = "/var/bin/containerruntimes";
+/** containerd's own default type of its runc runtime. */
+const runcRuntimeType = "io.containerd.runc.v2";
 export const cniBinDir = "/opt/cni/bin";
 /** systemd's default PATH for services, which is what gardener-node-agent's own PATH is. */
 export const defaultServicePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -182,7 +184,14 @@ function patchConfig(input: ContainerdInputs, where: string, errors: string[]): 
     } else setKey(cni, "bin_dir", cniBinDir);
   }
 
-  if (cri.cgroupDriver) setValue(doc, at([...l.runc, "SystemdCgroup"]), cri.cgroupDriver === "systemd");
+  if (cri.cgroupDriver) {
+    setValue(doc, at([...l.runc, "SystemdCgroup"]), cri.cgroupDriver === "systemd");
+    // containerd decodes its runtimes map entry by entry: a runc table holding only `options` replaces
+    // the built-in runc runtime and leaves it without a type ("container.Runtime.Name must be set" for
+    // every pod), as on Debian, whose config.toml names only the CNI directories. Give it the default.
+    const runc = lookup(doc, l.runc.slice(0, -1));
+    if (isTable(runc) && runc.runtime_type === undefined) setKey(runc, "runtime_type", runcRuntimeType);
+  }
 
   (cri.containerd?.plugins ?? []).forEach((p, i) => applyPlugin(doc, p, version, `${where}.containerd.plugins[${i}]`, label, errors));
 

@@ -170,12 +170,29 @@ version = 2
     registry = { config_path = '/etc/containerd/certs.d' }
     [plugins.'io.containerd.grpc.v1.cri'.cni]
       bin_dir = "/opt/cni/bin"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = true     # comment
 `;
     const d = desired({ criConfig: cri({ cgroupDriver: "systemd" }), current });
     expect(d.configChanged).toBe(false);
     expect(d.configToml).toBe(current);
+  });
+
+  test("Debian's config.toml (only the CNI directories): the runc table trellis creates gets containerd's runtime type", () => {
+    // containerd decodes runtimes entry by entry: runc with only `options` would have no type, and every
+    // pod sandbox failed with "container.Runtime.Name must be set" (found with a real kubelet).
+    const debian = `version = 2\n\n[plugins]\n  [plugins."io.containerd.grpc.v1.cri"]\n    [plugins."io.containerd.grpc.v1.cri".cni]\n      bin_dir = "/usr/lib/cni"\n      conf_dir = "/etc/cni/net.d"\n`;
+    const d = desired({ criConfig: cri({ cgroupDriver: "systemd" }), current: debian });
+    const runc = at(toml(d.configToml), "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes", "runc");
+    expect(runc).toEqual({ runtime_type: "io.containerd.runc.v2", options: { SystemdCgroup: true } });
+  });
+
+  test("a runc runtime type already there is kept", () => {
+    const current = `version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\nruntime_type = "io.containerd.runc.v3"\n`;
+    const d = desired({ criConfig: cri({ cgroupDriver: "systemd" }), current });
+    expect(at(toml(d.configToml), "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes", "runc", "runtime_type")).toBe("io.containerd.runc.v3");
   });
 
   test("one real difference rewrites the whole file (comments are not kept then)", () => {
