@@ -1,6 +1,8 @@
-// The agent's Node, found once and then watched by name: one watch shared by every controller that
-// needs the Node, instead of one each. Before kubelet registers the Node it is looked for again
-// every retry interval (by name = hostname, then by the kubernetes.io/hostname label).
+// The agent's Node, watched by name: one watch shared by every controller that needs the Node, instead
+// of one each. The watch starts before kubelet has registered the Node (a watch by name of an object
+// that does not exist yet is allowed), so the Node is known the moment kubelet creates it: reporting,
+// the bootstrap credentials and the serial rollout wait for that. kubelet names its Node after the host
+// unless told otherwise; for a Node of another name, the hostname label is looked up every retry interval.
 import type { V1Node } from "@kubernetes/client-node";
 import type { Kube } from "../kube/client.ts";
 import { KubeError } from "../kube/errors.ts";
@@ -13,50 +15,56 @@ export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logge
   const log = opts.log.with({ controller: "node" });
   const listeners = new Set<(node: V1Node) => void>();
   let current: V1Node | undefined;
-  let watch: Watcher | undefined;
+  let watch: Watcher;
   let stopped = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
   let resolveFound!: (node: V1Node) => void;
+  let isFound = false;
   const found = new Promise<V1Node>((resolve) => (resolveFound = resolve));
 
-  const find = async (): Promise<V1Node> => {
-    // By name first (one GET: kubelet names the Node after the host by default), then by label.
-    return findNode(opts.kube, { name: opts.hostName.trim().toLowerCase() }).catch((err: unknown) => {
-      if (err instanceof KubeError && err.reason === "not-found") return findNode(opts.kube, { hostname: opts.hostName });
-      throw err;
+  const seen = (node: V1Node) => {
+    current = node;
+    if (!isFound) {
+      isFound = true;
+      log.info("found the Node", { node: node.metadata?.name });
+      resolveFound(node);
+    }
+    for (const l of listeners) l(node);
+  };
+  const watchByName = (name: string) => {
+    watch = watchObjects<V1Node>({
+      kube: opts.kube,
+      path: "/api/v1/nodes",
+      fieldSelector: `metadata.name=${name}`,
+      log,
+      onEvent: (e) => {
+        if (e.type === "DELETED") current = undefined;
+        else seen(e.object);
+      },
     });
   };
-  const attempt = async () => {
-    if (stopped) return;
+  // kubelet derives its Node's name from the host name the same way (trimmed, lower-cased).
+  const byName = opts.hostName.trim().toLowerCase();
+  watchByName(byName);
+
+  const lookByLabel = async () => {
+    await watch.synced.catch(() => undefined);
+    if (stopped || isFound) return;
     try {
-      const node = await find();
-      current = node;
+      const node = await findNode(opts.kube, { hostname: opts.hostName });
       const name = node.metadata?.name as string;
-      log.info("found the Node", { node: name });
-      watch = watchObjects<V1Node>({
-        kube: opts.kube,
-        path: "/api/v1/nodes",
-        fieldSelector: `metadata.name=${name}`,
-        log,
-        onEvent: (e) => {
-          if (e.type === "DELETED") {
-            current = undefined;
-            return;
-          }
-          current = e.object;
-          for (const l of listeners) l(e.object);
-        },
-      });
-      resolveFound(node);
+      if (!isFound && name !== byName) {
+        await watch.stop();
+        watchByName(name);
+      }
+      return;
     } catch (err) {
-      log.info("the Node is not registered yet (or not readable); looking again later", {
-        hostName: opts.hostName,
-        reason: describeError(err),
-      });
-      timer = setTimeout(attempt, opts.retryMs ?? 10_000);
+      if (!(err instanceof KubeError && err.reason === "not-found")) log.warn("looking for the Node by its hostname label failed", { error: describeError(err) });
+      else log.info("the Node is not registered yet; watching for it", { hostName: opts.hostName, reason: describeError(err) });
     }
+    if (!stopped) timer = setTimeout(() => void lookByLabel(), opts.retryMs ?? 10_000);
   };
-  void attempt();
+  void lookByLabel();
 
   return {
     current: () => current,
@@ -68,7 +76,7 @@ export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logge
     stop: async () => {
       stopped = true;
       if (timer) clearTimeout(timer);
-      await watch?.stop();
+      await watch.stop();
     },
   };
 }

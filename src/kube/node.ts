@@ -8,12 +8,11 @@ import { explainKubeError, KubeError, rethrow } from "./errors.ts";
 const hostnameLabel = "kubernetes.io/hostname";
 
 /**
- * By name when the agent knows it (one GET), else by kubelet's hostname label, which must match
- * exactly one Node. No match is reason "not-found": kubelet may not have registered the node yet.
+ * The Node carrying kubelet's hostname label, which must match exactly one Node (for a Node whose name
+ * is not the host's). No match is reason "not-found": kubelet may not have registered the node yet.
  */
-export async function findNode(kube: Kube, by: { name: string } | { hostname: string }): Promise<V1Node> {
+export async function findNode(kube: Kube, by: { hostname: string }): Promise<V1Node> {
   const core = apiClient(kube, CoreV1Api);
-  if ("name" in by) return core.readNode({ name: by.name }).catch(rethrow(kube, `reading Node ${by.name}`));
   // kubelet derives the label the same way (nodeutil.GetHostname): trimmed and lower-cased.
   const hostname = by.hostname.trim().toLowerCase();
   const selector = `${hostnameLabel}=${hostname}`;

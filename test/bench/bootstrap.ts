@@ -38,7 +38,7 @@ try {
       samples.push({ totalS: (t3 - t0) / 1000, toCsrS: (t1 - t0) / 1000, certificateS: (t2 - t1) / 1000, applyS: (t3 - t2) / 1000 });
       console.error(`run ${i + 1}/${runs}: ${((t3 - t0) / 1000).toFixed(2)} s`);
     } finally {
-      await bare.node.stop();
+      await bare.stop();
     }
   }
   const stat = (k: keyof (typeof samples)[number]) => {

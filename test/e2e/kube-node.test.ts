@@ -1,6 +1,6 @@
-// src/kube/node.ts and src/kube/events.ts against a real kube-apiserver, as a user that holds only
-// the rules docs/rbac.md lists for them: finding the agent's Node, patching its labels, annotations
-// and one condition, and recording (and counting) events about it.
+// src/kube/node.ts, src/kube/events.ts and the Node source against a real kube-apiserver, as a user
+// that holds only the rules docs/rbac.md lists for them: finding and watching the agent's Node,
+// patching its labels, annotations and one condition, and recording (and counting) events about it.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Kube } from "../../src/kube/client.ts";
@@ -8,6 +8,7 @@ import { rejection } from "../harness/exec.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
 import { findNode, patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
+import { startNodeSource } from "../../src/controllers/node-source.ts";
 import { createLogger } from "../../src/log.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
@@ -23,7 +24,7 @@ beforeAll(async () => {
   ({ kube: agent } = await userWithRules(cluster, "node-agent", [
     {
       rules: [
-        { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "patch"] },
+        { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] },
         { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] },
       ],
     },
@@ -38,9 +39,7 @@ afterAll(() => cluster?.stop(), 30_000);
 const failure = (p: Promise<unknown>) => rejection(p, KubeError);
 
 describe("findNode", () => {
-  test("by name, and by kubelet's hostname label (trimmed, lower-cased)", async () => {
-    const a = await core.readNode({ name: "node-a" });
-    expect((await findNode(agent, { name: "node-a" })).metadata?.uid).toBe(a.metadata?.uid as string);
+  test("by kubelet's hostname label (trimmed, lower-cased)", async () => {
     expect((await findNode(agent, { hostname: " Host-A\n" })).metadata?.name).toBe("node-a");
     expect((await findNode(agent, { hostname: "host-b" })).metadata?.name).toBe("node-b");
   });
@@ -51,9 +50,32 @@ describe("findNode", () => {
     expect(none.message).toBe("finding the Node of host host-none: no Node has the label kubernetes.io/hostname=host-none (has kubelet registered it yet?)");
     const two = await failure(findNode(agent, { hostname: "host-dup" }));
     expect(two.message).toBe("finding the Node of host host-dup: 2 Nodes have the label kubernetes.io/hostname=host-dup (node-c, node-d); expected exactly one");
-    const missing = await failure(findNode(agent, { name: "node-missing" }));
-    expect(missing.reason).toBe("not-found");
-    expect(missing.message).toBe('reading Node node-missing: not found (404): nodes "node-missing" not found');
+  });
+});
+
+describe("the Node source", () => {
+  test("a Node kubelet registers after the agent started is seen at once, through the watch by name", async () => {
+    const source = startNodeSource({ kube: agent, hostName: "Late-Host", log: createLogger({ level: "error" }), retryMs: 3_600_000 });
+    try {
+      expect(source.current()).toBeUndefined();
+      await core.createNode({ body: { metadata: { name: "late-host", labels: { "kubernetes.io/hostname": "late-host" } } } });
+      // With an hour between label lookups, only the watch can have found it.
+      expect((await source.found).metadata?.name).toBe("late-host");
+    } finally {
+      await source.stop();
+    }
+  });
+
+  test("a Node named otherwise is found by kubelet's hostname label, then watched by its name", async () => {
+    const source = startNodeSource({ kube: agent, hostName: "host-b", log: createLogger({ level: "error" }), retryMs: 100 });
+    try {
+      expect((await source.found).metadata?.name).toBe("node-b");
+      const changed = new Promise<V1Node>((resolve) => source.subscribe(resolve));
+      await patchNodeMetadata(agent, "node-b", { annotations: { "e2e/seen": "yes" } });
+      expect((await changed).metadata?.annotations?.["e2e/seen"]).toBe("yes");
+    } finally {
+      await source.stop();
+    }
   });
 });
 

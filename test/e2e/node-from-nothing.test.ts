@@ -54,7 +54,7 @@ beforeAll(async () => {
 }, 300_000);
 
 afterAll(async () => {
-  await agent?.node.stop();
+  await agent?.stop();
   await registry?.stop();
   await cluster?.stop();
 }, 60_000);
@@ -77,8 +77,10 @@ describe("a bare machine becomes a node", () => {
     expect(config).toContain('config_path = "/etc/containerd/certs.d"');
     expect(config).toContain(`${upstream}/pause:3.10`);
     expect(await agent.node.readFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`)).toContain(`[host."http://${registry.host}"]`);
-    // The bootstrap token is gone after the first successful apply.
-    expect((await agent.node.exec(["test", "-e", `${base}/credentials/bootstrap-token`])).code).not.toBe(0);
+    // The bootstrap token stays until kubelet (here a stand-in) holds its own credentials, then goes.
+    expect((await agent.node.exec(["test", "-e", `${base}/credentials/bootstrap-token`])).code).toBe(0);
+    await agent.node.writeFile("/var/lib/kubelet/kubeconfig-real", "apiVersion: v1\nkind: Config\n", 0o600);
+    await waitFor("the bootstrap token removed", async () => (await agent.node.exec(["test", "-e", `${base}/credentials/bootstrap-token`])).code !== 0, 30_000, 200);
   }, 300_000);
 
   test("an image file follows its tag when the tag moves (found by the periodic re-check)", async () => {

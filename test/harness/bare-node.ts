@@ -16,6 +16,9 @@ import type { Cluster } from "./cluster.ts";
 import { freePort, runDir, runOk } from "./exec.ts";
 import { bootNode } from "./node.ts";
 import { userWithRules } from "./rbac.ts";
+import { type BridgeRelay, startBridgeRelay } from "./bridge-relay.ts";
+import { writePodNetwork } from "./kubelet.ts";
+import { mirrorHostsToml } from "./kubelet-config.ts";
 import type { Registry } from "./registry.ts";
 
 /** The registry name images are referenced by: it does not resolve, only the mirror serves it. */
@@ -39,40 +42,100 @@ export async function pushTrellis(registry: Registry, tag: string, binary: strin
   return (await registry.push(dir, "trellis/agent", tag)).digest;
 }
 
-export type BareNode = AgentNode & { machine: string; bootstrapUser: string };
+export type BareNode = AgentNode & {
+  machine: string;
+  bootstrapUser: string;
+  /** The API server and the registry as the node reaches them ("https://host:port", "host:port"). */
+  server: string;
+  mirror: string;
+  /** Stops the node (and the relays a worker reaches the host through). */
+  stop(): Promise<void>;
+};
 
-/** Boots a bare node with containerd and writes its user data; the Node object and RBAC exist. */
-export async function bareNode(cluster: Cluster, registry: Registry, prefix: string, secretName: string): Promise<BareNode> {
-  const node = await bootNode(prefix, { net: "host", containerd: true });
-  const machine = `machine-${node.name}`;
-  const user = nodeAgentUserPrefix + machine;
-  const core = cluster.admin().makeApiClient(CoreV1Api);
-  await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-  await userWithRules(cluster, user, agentRules([secretName]));
-  const token = await createBootstrapToken(cluster);
-  const [healthPort, metricsPort] = [await freePort(), await freePort()];
-  await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, `server = "https://${upstream}"\n\n[host."http://${registry.host}"]\n  capabilities = ["pull", "resolve"]\n`);
-  await node.writeFile(
-    `${agentBase}/config.yaml`,
-    stringify({
-      apiVersion: "nodeagent.config.gardener.cloud/v1alpha1",
-      kind: "NodeAgentConfiguration",
-      apiServer: { server: cluster.server, caFile: `${agentBase}/cluster-ca.crt` },
-      server: { healthProbes: { port: healthPort }, metrics: { port: metricsPort } },
-      controllers: {
-        operatingSystemConfig: { secretName, kubernetesVersion: "1.35.4", syncPeriod: "15s" },
-        // Kubelet stand-ins serve no /healthz: the agent must not restart them in the middle of a test.
-        healthCheck: { kubeletFailureThreshold: "24h" },
-      },
-    }),
-    0o600,
-  );
-  await node.writeFile(`${agentBase}/cluster-ca.crt`, cluster.caPem, 0o644);
-  await node.writeFile(`${agentBase}/machine-name`, `${machine}\n`, 0o644);
-  await node.writeFile(`${agentBase}/credentials/bootstrap-token`, token.token, 0o600);
-  await node.install(`${repoRoot}/install.sh`, "/var/lib/cloud/install.sh", 0o755);
-  return { node, name: node.name, user, core, healthPort, metricsPort, machine, bootstrapUser: token.user };
+export type BareNodeOptions = {
+  /**
+   * A worker for a real kubelet: a kubelet-capable node on the bridge (test/harness/kubelet.ts), reaching
+   * the API server and the registry through relays; its Node is registered by kubelet, not by the test.
+   * What the machine image and the network extension would bring is put in place too: containerd's base
+   * configuration and the pod network.
+   */
+  worker?: boolean;
+  /** controllers.healthCheck of the agent's configuration (default: stand-ins serve no /healthz, so never). */
+  healthCheck?: Record<string, string | number>;
+};
+
+/** Boots a bare node with containerd and writes its user data; the agent's RBAC exists (and the Node, unless a worker). */
+export async function bareNode(cluster: Cluster, registry: Registry, prefix: string, secretName: string, opts: BareNodeOptions = {}): Promise<BareNode> {
+  const node = await bootNode(prefix, opts.worker ? { net: "bridge", containerd: true, kubelet: true } : { net: "host", containerd: true });
+  const relays: BridgeRelay[] = [];
+  const stop = async () => {
+    for (const r of relays) await r.close();
+    await node.stop();
+  };
+  try {
+    let server = cluster.server;
+    let mirror = registry.host;
+    if (opts.worker) {
+      const [api, reg] = [await startBridgeRelay(Number(new URL(cluster.server).port)), await startBridgeRelay(Number(registry.host.split(":")[1]))];
+      relays.push(api, reg);
+      [server, mirror] = [`https://${api.address}`, reg.address];
+      await node.writeFile("/etc/containerd/config.toml", machineImageContainerdConfig);
+      await node.execOk(["systemctl", "restart", "containerd.service"]);
+      // The network extension's part: its CNI plugins where Gardener's containerd config looks (trellis
+      // sets bin_dir to /opt/cni/bin), and the pod network.
+      await node.execOk(["sh", "-c", "mkdir -p /opt/cni/bin && cp -a /usr/lib/cni/. /opt/cni/bin/"]);
+      await writePodNetwork(node);
+    }
+    const machine = `machine-${node.name}`;
+    const user = nodeAgentUserPrefix + machine;
+    const core = cluster.admin().makeApiClient(CoreV1Api);
+    if (!opts.worker) await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
+    await userWithRules(cluster, user, agentRules([secretName]));
+    const token = await createBootstrapToken(cluster);
+    const [healthPort, metricsPort] = [await freePort(), await freePort()];
+    await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, mirrorHostsToml(upstream, mirror));
+    await node.writeFile(
+      `${agentBase}/config.yaml`,
+      stringify({
+        apiVersion: "nodeagent.config.gardener.cloud/v1alpha1",
+        kind: "NodeAgentConfiguration",
+        apiServer: { server, caFile: `${agentBase}/cluster-ca.crt` },
+        server: { healthProbes: { port: healthPort }, metrics: { port: metricsPort } },
+        controllers: {
+          operatingSystemConfig: { secretName, kubernetesVersion: "1.35.4", syncPeriod: "15s" },
+          // Kubelet stand-ins serve no /healthz: the agent must not restart them in the middle of a test.
+          healthCheck: opts.healthCheck ?? { kubeletFailureThreshold: "24h" },
+        },
+      }),
+      0o600,
+    );
+    await node.writeFile(`${agentBase}/cluster-ca.crt`, cluster.caPem, 0o644);
+    await node.writeFile(`${agentBase}/machine-name`, `${machine}\n`, 0o644);
+    await node.writeFile(`${agentBase}/credentials/bootstrap-token`, token.token, 0o600);
+    await node.install(`${repoRoot}/install.sh`, "/var/lib/cloud/install.sh", 0o755);
+    return { node, name: node.name, user, core, healthPort, metricsPort, machine, bootstrapUser: token.user, server, mirror, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
 }
+
+/**
+ * containerd's configuration as the machine image brings it: Debian's (the CNI directories) plus
+ * `restrict_oom_score_adj`, which this machine needs (the test process, hence the node, lacks
+ * CAP_SYS_RESOURCE, and runc fails every sandbox whose OOM score it cannot lower). trellis patches it.
+ */
+const machineImageContainerdConfig = `version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+`;
 
 /**
  * Runs install.sh as cloud-init would, for the trellis image at `tag`, and approves the node's CSR as
