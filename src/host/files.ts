@@ -13,7 +13,7 @@
 // and removals: they replace or remove the link itself.
 import { createHash, randomBytes } from "node:crypto";
 import type { Stats } from "node:fs";
-import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rename, rmdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import { nodePathProblem } from "../api/paths.ts";
 
@@ -193,9 +193,11 @@ export function createFiles(rootDir = "/"): Files {
 
   // Who may own what is walked through: root, and the owner of the root directory (a tree unpacked by
   // another user for `plan --root`). Read once: the root does not change owners under a running agent.
+  // The root is the caller's choice, so a symlink naming it (a node's /proc/PID/root) is followed: its
+  // own mode (0777) says nothing about who may rename entries of the directory it names.
   let rootInfo: Promise<{ trusted: Set<number>; stat: Stats }> | undefined;
   const rootOf = (op: string, path: string) =>
-    (rootInfo ??= lstat(root).then((st) => ({ trusted: new Set([0, st.uid]), stat: st }))).catch((err: unknown) => {
+    (rootInfo ??= stat(root).then((st) => ({ trusted: new Set([0, st.uid]), stat: st }))).catch((err: unknown) => {
       rootInfo = undefined;
       throw fail(op, path, `cannot resolve the root: ${describe(err)}`, err);
     });

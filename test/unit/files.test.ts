@@ -287,6 +287,17 @@ describe("node paths", () => {
     expect(await files.list("/")).toEqual([]);
     expect(await createFiles("/").sha256("/etc/os-release")).toBe(sha(readFileSync("/etc/os-release")));
   });
+
+  test("a root given as a symlink (a node's /proc/PID/root) is the directory it names, not a swappable 0777 entry", async () => {
+    const { root } = fresh();
+    mkdirSync(`${root}/tree/etc`, { recursive: true });
+    writeFileSync(`${root}/tree/etc/x`, "x\n");
+    symlinkSync(`${root}/tree`, `${root}/link`);
+    const files = createFiles(`${root}/link`);
+    expect(new TextDecoder().decode(await files.read("/etc/x"))).toBe("x\n");
+    await files.writeAtomic("/etc/y", "y\n", 0o644);
+    expect(readFileSync(`${root}/tree/etc/y`, "utf8")).toBe("y\n");
+  });
 });
 
 describe("symlinks resolve within the root, as the node sees them", () => {
