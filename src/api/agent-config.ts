@@ -41,15 +41,17 @@ export const NodeAgentConfigurationSchema = object({
   clientConnection: v.optional(
     object({
       kubeconfig: v.optional(v.string(), ""),
-      qps: v.optional(v.number(), 50),
-      burst: v.optional(v.pipe(v.number(), v.integer()), 100),
+      // Go writes a field it has no value for as its zero value (Gardener's rendered configuration has
+      // `qps: 0` and `logLevel: ""`), and Gardener's defaulting turns that into the default.
+      qps: v.optional(v.pipe(v.number(), v.transform((q) => q || 50)), 50),
+      burst: v.optional(v.pipe(v.number(), v.integer(), v.transform((b) => b || 100)), 100),
       acceptContentTypes: v.optional(v.string(), ""),
       contentType: v.optional(v.string(), ""),
     }),
     {},
   ),
-  logLevel: v.optional(v.picklist(["debug", "info", "error"]), "info"),
-  logFormat: v.optional(v.picklist(["json", "text"]), "json"),
+  logLevel: v.optional(v.pipe(v.picklist(["debug", "info", "error", ""]), v.transform((l) => l || "info")), "info"),
+  logFormat: v.optional(v.pipe(v.picklist(["json", "text", ""]), v.transform((f) => f || "json")), "json"),
   server: v.optional(object({ healthProbes: server(2751), metrics: server(2752) }), {}),
   featureGates: v.optional(record(v.string(), v.boolean()), {}),
   apiServer: v.optional(object({ server: v.optional(v.string(), ""), caFile: v.optional(v.string(), "") }), {}),

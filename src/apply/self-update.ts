@@ -1,8 +1,9 @@
-// An OSC that replaces the agent's own binary must not leave the node with an agent that cannot
-// start: systemd would restart it forever and nothing would ever apply a fix. Before such an OSC is
-// applied, the new binary is run once against the configuration it will find after the apply (the
-// config files in its config dir as they are now, overlaid with the ones the OSC writes). Gardener
-// keeps one config file per agent version for this reason; the check makes it hold for any binary.
+// An OSC that replaces the agent's own binary, or the configuration it reads, must not leave the node
+// with an agent that cannot start: systemd would restart it forever and nothing would ever apply a fix.
+// Before such an OSC is applied, the agent it leaves behind (the new binary, else the running one) is run
+// once against the configuration it will find after the apply (the config files in its config dir as
+// they are now, overlaid with the ones the OSC writes). Gardener keeps one config file per agent version
+// for this reason; the check makes it hold for any binary and any configuration.
 import { execFile } from "node:child_process";
 import { basename, dirname } from "node:path";
 import type { Desired, DesiredFile } from "../api/desired.ts";
@@ -22,25 +23,31 @@ export type SelfUpdateCheck = {
 
 const configFile = /^config(-.+)?\.yaml$/;
 
-/** Undefined when the OSC leaves the binary alone or the new one reads its configuration; else why not. */
+/** Undefined when the OSC leaves the agent and its configuration alone, or the agent after it starts; else why not. */
 export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck): Promise<string | undefined> {
   const binary = desired.files.find((f) => f.path === check.selfBinary);
   // The binary trellis installed itself was checked then: no need to hash 100 MB on every re-check.
-  if (!binary || binary.sha256 === check.installed || binary.sha256 === (await check.files.sha256(check.selfBinary))) return undefined;
-  const dir = `${paths.tempDir}/self-update-${binary.sha256.slice(0, 12)}`;
+  const newBinary = binary && binary.sha256 !== check.installed && binary.sha256 !== (await check.files.sha256(check.selfBinary)) ? binary : undefined;
+  const configs = desired.files.filter(isConfigOf(check.configDir));
+  const changedConfig = (await Promise.all(configs.map(async (f) => ((await check.files.sha256(f.path)) === f.sha256 ? undefined : f)))).find((f) => f);
+  if (!newBinary && !changedConfig) return undefined;
+  const dir = `${paths.tempDir}/agent-check-${(newBinary ?? changedConfig)?.sha256.slice(0, 12)}`;
   const configDir = `${dir}/config`;
   try {
-    await check.files.writeAtomic(`${dir}/agent`, binary.content, 0o700);
+    if (newBinary) await check.files.writeAtomic(`${dir}/agent`, newBinary.content, 0o700);
     for (const name of await check.files.list(check.configDir)) {
       if (!configFile.test(name)) continue;
       const content = await check.files.read(`${check.configDir}/${name}`);
       if (content) await check.files.writeAtomic(`${configDir}/${name}`, content, 0o600);
     }
-    for (const f of desired.files.filter(isConfigOf(check.configDir))) await check.files.writeAtomic(`${configDir}/${basename(f.path)}`, f.content, 0o600);
+    for (const f of configs) await check.files.writeAtomic(`${configDir}/${basename(f.path)}`, f.content, 0o600);
     const host = (p: string) => hostPathUnder(check.files.root, p);
-    const result = await run([host(`${dir}/agent`), "check-config", "--config-dir", host(configDir)], check.timeoutMs ?? 30_000);
+    const agent = host(newBinary ? `${dir}/agent` : check.selfBinary);
+    const result = await run([agent, "check-config", "--config-dir", host(configDir)], check.timeoutMs ?? 30_000);
     if (result.ok) return undefined;
-    return `${binary.origin}: the new agent binary (sha256 ${binary.sha256.slice(0, 12)}) cannot start with this node's configuration, so it is not installed: ${result.output}`;
+    return newBinary
+      ? `${newBinary.origin}: the new agent binary (sha256 ${newBinary.sha256.slice(0, 12)}) cannot start with this node's configuration, so it is not installed: ${result.output}`
+      : `${changedConfig?.origin}: the agent cannot start with the configuration this OSC writes, so it is not applied: ${result.output}`;
   } finally {
     await removeTree(check.files, dir);
   }

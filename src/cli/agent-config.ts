@@ -1,8 +1,9 @@
 // Finds and reads the NodeAgentConfiguration in --config-dir. Gardener writes it per agent version
-// (config-<version>.yaml) so that a new binary never reads a config format it does not know; trellis
-// prefers its own version's file, then config.yaml, then the newest config-*.yaml (the one the
-// control plane wrote for the agent it believes runs here).
-import { readdirSync, readFileSync, statSync } from "node:fs";
+// (config-<version>.yaml, the version of the gardener-node-agent its control plane deploys) so that a new
+// binary never reads a config format it does not know. trellis prefers its own version's file, then the
+// highest version's config-*.yaml (what the control plane wrote last: an OSC brings the current one),
+// then config.yaml (a node bootstrapped without Gardener's init script).
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { type NodeAgentConfiguration, parseAgentConfig } from "../api/agent-config.ts";
 import { version } from "../version.ts";
@@ -11,6 +12,13 @@ export class ConfigError extends Error {
   override name = "ConfigError";
 }
 
+const versionOf = (name: string): number[] => (/^config-v?(.+)\.yaml$/.exec(name)?.[1] ?? "").split(/[.+-]/).map((p) => Number.parseInt(p, 10) || 0);
+const newerFirst = (a: string, b: string): number => {
+  const [va, vb] = [versionOf(a), versionOf(b)];
+  for (let i = 0; i < Math.max(va.length, vb.length); i++) if ((va[i] ?? 0) !== (vb[i] ?? 0)) return (vb[i] ?? 0) - (va[i] ?? 0);
+  return a.localeCompare(b);
+};
+
 export function configFileIn(dir: string): string {
   let names: string[];
   try {
@@ -18,13 +26,11 @@ export function configFileIn(dir: string): string {
   } catch (err) {
     throw new ConfigError(`--config-dir ${dir}: ${err instanceof Error ? err.message : String(err)}`);
   }
-  for (const preferred of [`config-v${version}.yaml`, "config.yaml"]) if (names.includes(preferred)) return join(dir, preferred);
-  const versioned = names
-    .filter((n) => /^config-.+\.yaml$/.test(n))
-    .map((n) => ({ path: join(dir, n), mtime: statSync(join(dir, n)).mtimeMs }))
-    .sort((a, b) => b.mtime - a.mtime);
-  if (versioned[0]) return versioned[0].path;
-  throw new ConfigError(`--config-dir ${dir}: no config-v${version}.yaml, config.yaml or config-*.yaml in it`);
+  const own = `config-v${version}.yaml`;
+  const versioned = names.filter((n) => /^config-.+\.yaml$/.test(n)).sort(newerFirst);
+  const chosen = names.includes(own) ? own : (versioned[0] ?? (names.includes("config.yaml") ? "config.yaml" : undefined));
+  if (chosen) return join(dir, chosen);
+  throw new ConfigError(`--config-dir ${dir}: no config-v${version}.yaml, config-*.yaml or config.yaml in it`);
 }
 
 export function loadAgentConfig(dir: string): { file: string; config: NodeAgentConfiguration } {

@@ -1,4 +1,9 @@
 import { describe, expect, test } from "bun:test";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename } from "node:path";
+import { configFileIn } from "../../src/cli/agent-config.ts";
+import { version } from "../../src/version.ts";
 import { parseAgentConfig } from "../../src/api/agent-config.ts";
 import { formatDuration, formatElapsed, parseGoDuration } from "../../src/api/duration.ts";
 
@@ -109,4 +114,54 @@ controllers:
     expect(r.ok).toBe(false);
     if (!r.ok) expect(r.errors.join("\n")).toContain(expected);
   });
+});
+
+describe("which file in --config-dir", () => {
+  const dirWith = (names: string[]) => {
+    const dir = mkdtempSync(`${tmpdir()}/trellis-config-dir-`);
+    for (const n of names) writeFileSync(`${dir}/${n}`, "");
+    return dir;
+  };
+  test.each([
+    ["its own version's first", [`config-v${version}.yaml`, "config-v1.150.0.yaml", "config.yaml"], `config-v${version}.yaml`],
+    ["then the highest version the control plane wrote (an OSC brings it), before config.yaml", ["config.yaml", "config-v1.99.0.yaml", "config-v1.150.0.yaml", "config-v1.9.3.yaml"], "config-v1.150.0.yaml"],
+    ["config.yaml when nothing else is there", ["config.yaml", "other.yaml"], "config.yaml"],
+  ])("%s", (_, names, chosen) => {
+    expect(basename(configFileIn(dirWith(names)))).toBe(chosen);
+  });
+
+  test("none at all is a ConfigError naming the directory", () => {
+    const dir = dirWith(["notes.txt"]);
+    expect(() => configFileIn(dir)).toThrow(`--config-dir ${dir}: no config-v${version}.yaml, config-*.yaml or config.yaml in it`);
+  });
+});
+
+test("the configuration Gardener renders into the OSC (Go's zero values for unset fields) reads with Gardener's defaults", () => {
+  // As test/peer/gna/render-osc renders it (gardener v1.150.0, nodeagent.ComponentConfig).
+  const rendered = `apiServer:
+  caFile: /var/lib/gardener-node-agent/cluster-ca.crt
+  server: https://10.233.0.1:6443
+apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: ""
+  qps: 0
+controllers:
+  operatingSystemConfig:
+    kubernetesVersion: 1.35.4
+    secretName: gardener-node-agent-worker-4efa1316d073e45e
+  systemdUnitCheck: {}
+  token:
+    syncPeriod: 12h0m0s
+kind: NodeAgentConfiguration
+logFormat: ""
+logLevel: ""
+server: {}
+`;
+  const r = parseAgentConfig(rendered, "config-v1.150.0.yaml");
+  if (!r.ok) throw new Error(r.errors.join("\n"));
+  expect(r.config).toMatchObject({ logLevel: "info", logFormat: "json", clientConnection: { qps: 50, burst: 100 }, server: { healthProbes: { port: 2751 }, metrics: { port: 2752 } } });
+  expect(r.config.controllers.token.syncPeriod).toBe(12 * 3600_000);
 });

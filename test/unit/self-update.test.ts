@@ -1,5 +1,6 @@
 // src/apply/self-update.ts with real executables in a temporary root: an OSC that replaces the agent's
-// binary is accepted only when the new binary starts with the configuration it will find.
+// binary or its configuration is accepted only when the agent it leaves starts with the configuration
+// it will find.
 import { describe, expect, test } from "bun:test";
 import { mkdtempSync, readdirSync } from "node:fs";
 import { sha256Hex, type Desired, type DesiredFile } from "../../src/api/desired.ts";
@@ -33,7 +34,7 @@ async function setup() {
   return { root, files, check: { files, selfBinary, configDir } };
 }
 
-describe("checking a new agent binary before installing it", () => {
+describe("checking a new agent binary or configuration before installing it", () => {
   test("an OSC that does not touch the agent's binary needs no check", async () => {
     const { check } = await setup();
     expect(await checkSelfUpdate(desiredWith([fileOf("/etc/x", "x")]), check)).toBeUndefined();
@@ -73,6 +74,23 @@ describe("checking a new agent binary before installing it", () => {
     const { check } = await setup();
     const problem = await checkSelfUpdate(desiredWith([fileOf(selfBinary, "\x7fELF garbage", 0o755)]), check);
     expect(problem).toContain("cannot start");
+  });
+
+  test("a configuration the running agent cannot read is refused, naming the config file", async () => {
+    const { files, check } = await setup();
+    await files.writeAtomic(selfBinary, newAgent, 0o755);
+    const problem = await checkSelfUpdate(desiredWith([fileOf(`${configDir}/config-v2.yaml`, "a format it does not know\n", 0o600)]), check);
+    expect(problem).toContain(`spec.files (${configDir}/config-v2.yaml): the agent cannot start with the configuration this OSC writes`);
+    expect(problem).toContain("no usable config-v2.yaml");
+  });
+
+  test("a configuration the running agent reads is accepted, and an unchanged one is not checked", async () => {
+    const { files, check } = await setup();
+    await files.writeAtomic(selfBinary, newAgent, 0o755);
+    expect(await checkSelfUpdate(desiredWith([fileOf(`${configDir}/config-v2.yaml`, "ok\n", 0o600)]), check)).toBeUndefined();
+    // On the node already: not even the (here unreadable) old config.yaml is looked at again.
+    await files.writeAtomic(`${configDir}/config-v2.yaml`, "broken\n", 0o600);
+    expect(await checkSelfUpdate(desiredWith([fileOf(`${configDir}/config-v2.yaml`, "broken\n", 0o600)]), check)).toBeUndefined();
   });
 
   test("the check leaves nothing behind", async () => {
