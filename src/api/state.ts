@@ -40,7 +40,15 @@ export const AgentStateSchema = object({
   version: v.literal(1),
   owned: OwnedSchema,
   progress: v.optional(ProgressSchema),
-  lastApplied: v.optional(object({ checksum: v.string(), at: v.string() })),
+  lastApplied: v.optional(
+    object({
+      checksum: v.string(),
+      at: v.string(),
+      /** What the apply that brought this checksum did (absent in states written before it was kept). */
+      steps: v.optional(v.number()),
+      restarted: v.optional(v.array(v.string())),
+    }),
+  ),
 });
 export type AgentState = v.InferOutput<typeof AgentStateSchema>;
 export const emptyState = (): AgentState => ({ version: 1, owned: emptyOwned() });

@@ -69,7 +69,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   }
 
   if (progress.plan.steps.length === 0) {
-    state = await finish(state, desired, checksum, oscYaml, deps);
+    state = await finish(state, desired, checksum, oscYaml, deps, []);
     return { checksum, plan: progress.plan, resumed, executed: [], failures: [], complete: true };
   }
   state = { ...state, progress };
@@ -78,7 +78,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   const run = await execute(progress, state, desired, deps);
   state = run.state;
   const complete = run.failures.length === 0;
-  if (complete) state = await finish(state, desired, checksum, oscYaml, deps);
+  if (complete) state = await finish(state, desired, checksum, oscYaml, deps, run.self ? [...run.executed, run.self] : run.executed);
   else await deps.store.write(state);
   if (run.self) {
     // After this the agent is stopped by systemd; everything is recorded already.
@@ -182,10 +182,23 @@ function contentFor(step: Extract<Step, { kind: "write" }>, desired: Desired): F
   return content;
 }
 
-async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps): Promise<AgentState> {
+/** What an apply did, as the OSCApplied event tells it: how many steps, which units restarted. */
+export function summaryOf(executed: Step[]): { steps: number; restarted: string[] } {
+  return { steps: executed.length, restarted: executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : [])) };
+}
+
+// `executed`: this run's steps. What the apply of this checksum did is kept with it, so that it can still
+// be reported after the agent restarted (its own restart often ends the first apply, before kubelet has
+// registered the Node to report on); a later no-op re-check keeps it.
+async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps, executed: Step[]): Promise<AgentState> {
   const at = (deps.now?.() ?? new Date()).toISOString();
-  if (state.lastApplied?.checksum !== checksum) await deps.store.writeLastAppliedOsc(oscYaml);
-  const next: AgentState = { version: 1, owned: settleOwned(state.owned, desired), lastApplied: { checksum, at } };
+  const previous = state.lastApplied?.checksum === checksum ? state.lastApplied : undefined;
+  if (!previous) await deps.store.writeLastAppliedOsc(oscYaml);
+  const summary =
+    previous && executed.length === 0
+      ? { steps: previous.steps, restarted: previous.restarted }
+      : summaryOf(executed);
+  const next: AgentState = { version: 1, owned: settleOwned(state.owned, desired), lastApplied: { checksum, at, ...summary } };
   await deps.store.write(next);
   return next;
 }

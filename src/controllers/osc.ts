@@ -12,7 +12,7 @@ import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
 import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
-import { type ApplyOutcome, applyDesired } from "../apply/apply.ts";
+import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
 import { desiredForNode, type SecretData } from "../apply/desired-for-node.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
 import type { StateStore } from "../apply/state-store.ts";
@@ -29,7 +29,6 @@ import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
-import type { Step } from "../plan/types.ts";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -92,10 +91,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const core = apiClient(deps.kube, CoreV1Api);
   let secret: V1Secret | undefined;
   // What this agent noted about the OSC it sees now: when it first saw it (for the delay) and which
-  // problems it reported already, and the steps it applied before its Node was known. Replaced when
-  // the OSC changes, so nothing piles up over months.
-  let seen: { checksum: string; at: number; reported: Set<string>; unreported: Step[] } | undefined;
-  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set(), unreported: [] }));
+  // problems it reported already. Replaced when the OSC changes, so nothing piles up over months.
+  let seen: { checksum: string; at: number; reported: Set<string> } | undefined;
+  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set() }));
   let failures = 0;
   let stopped = false;
   // A long image download must not hold up the agent's shutdown.
@@ -372,37 +370,40 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
-    const { reported, unreported } = note(checksum);
+    const { reported } = note(checksum);
     for (const u of desired.unsupported) {
       if (current && !reported.has(`unsupported/${u}`)) {
         reported.add(`unsupported/${u}`);
         await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
       }
     }
-    if (!current) {
-      // Kubelet registers the Node only once the first OSC started it: the Node's arrival wakes this
-      // controller again, and that run (finding nothing left to do) reports these steps.
-      unreported.push(...outcome.executed);
-      return;
-    }
-    const executed = [...unreported.splice(0), ...outcome.executed];
+    // Kubelet registers the Node only once the first OSC started it: the Node's arrival wakes this
+    // controller again, and that run reports what the apply did, from the state it persisted.
+    if (!current) return;
     const name = current.metadata?.name as string;
     const wanted = await nodeMetadata(checksum, desired);
     const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
+    const firstReport = have[annotations.appliedChecksum] !== checksum;
     // A no-op re-check costs no API request.
     if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => have[k] !== v)) {
       await patchNodeMetadata(deps.kube, name, wanted);
     }
-    if (executed.length > 0 || outcome.resumed) {
-      const restarted = executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : []));
+    const done = outcome.executed.length > 0 || outcome.resumed ? summaryOf(outcome.executed) : firstReport ? await persistedSummary(checksum) : undefined;
+    if (done) {
       await deps.events.record({
         node: nodeRef(current),
         type: "Normal",
         reason: "OSCApplied",
-        message: `Applied OSC ${checksum.slice(0, 12)}: ${executed.length} step(s)${restarted.length ? `, restarted ${restarted.join(", ")}` : ""}`,
+        message: `Applied OSC ${checksum.slice(0, 12)}: ${done.steps} step(s)${done.restarted.length ? `, restarted ${done.restarted.join(", ")}` : ""}`,
       });
     }
     await setCondition(current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`);
+  }
+
+  // What the apply of `checksum` did, as it was recorded (possibly by this agent before it restarted itself).
+  async function persistedSummary(checksum: string): Promise<{ steps: number; restarted: string[] } | undefined> {
+    const last = (await deps.store.read()).lastApplied;
+    return last?.checksum === checksum && last.steps !== undefined ? { steps: last.steps, restarted: last.restarted ?? [] } : undefined;
   }
 
   async function nodeMetadata(checksum: string, desired: Desired) {
