@@ -14,9 +14,11 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 # Debian packages: node runtime (systemd, D-Bus, containerd), image tooling, PKI, networking; perf for
 # `bun run bench:trace`. For kubelet in a node (test/harness/kubelet.ts): runc (containerd's runtime),
 # the CNI plugins (bridge, host-local, portmap, loopback), iptables (kubelet's own chains, portmap) and a
-# static busybox (the pause and web images are made of it).
+# static busybox (the pause and web images are made of it); what a worker's machine image has and
+# Gardener's OSC uses: logrotate (containerd-logrotate.service) and sudo (gardener-user.service writes
+# /etc/sudoers.d/99-gardener-user). A node's lower layer is this host's /, so these are its machine image.
 pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3 linux-perf
-  runc containernetworking-plugins iptables busybox-static)
+  runc containernetworking-plugins iptables busybox-static logrotate sudo)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -40,4 +42,6 @@ bun install --frozen-lockfile >/dev/null
 
 command -v go >/dev/null || { say "Go is needed to build the test cluster binaries (etcd, kube-apiserver)"; exit 1; }
 test/cluster/build.sh >/dev/null
+# The OSC Gardener renders for a worker pool (test/harness/worker-osc.ts), from the peer's Gardener module.
+test/peer/osc-render.sh --path >/dev/null
 say "ready"

@@ -1,10 +1,14 @@
-// bun --preload ./build/shims/preload.ts test/bench/bootstrap.ts [runs=10]
-// From starting install.sh on a booted bare node to the first OSC applied (the Node annotated with its
-// checksum), with real components: install.sh pulls trellis through the containerd mirror, bootstrap
-// gets its certificate through a CSR (approved by this script as soon as it appears, as an automatic
-// approver would), the agent applies the OSC (a kubelet stand-in, an image file, containerd's config).
-// Each run uses a fresh node. Phases: install.sh start → CSR created → certificate issued (approval +
-// signing) → OSC applied. Writes test/bench/results/bootstrap-<date>.json.
+// bun --preload ./build/shims/preload.ts test/bench/bootstrap.ts [runs=10] [workerRuns=5]
+// From starting install.sh on a booted bare node to the node at work, with real components: install.sh
+// pulls trellis through the containerd mirror, bootstrap gets its certificate through a CSR (approved by
+// this script as soon as it appears, as an automatic approver would), the agent applies the OSC. Two
+// series, each run on a fresh node:
+// - stand-in: the bench OSC (a kubelet stand-in, an image file, containerd's config); phases install.sh
+//   start → CSR created → certificate issued (approval + signing) → OSC applied;
+// - worker: a real kubelet with the OSC Gardener renders for the pool (test/harness/worker.ts); phases
+//   install.sh start → CSR created → OSC applied (the Node annotated) → Node Ready (kubelet registered
+//   and TLS-bootstrapped) → a Pod bound to the node Running and Ready.
+// Writes test/bench/results/bootstrap-<date>.json.
 import { CertificatesV1Api } from "@kubernetes/client-node";
 import { putOscSecret, waitApplied } from "../harness/agent.ts";
 import { bareNode, bareOsc, installAndApprove, pushImage, pushTrellis } from "../harness/bare-node.ts";
@@ -13,11 +17,22 @@ import { grantCsrRbac } from "../harness/bootstrap.ts";
 import { startCluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
 import { startRegistry } from "../harness/registry.ts";
+import { bringUpWorker, runWebPod, startWorkerWorld } from "../harness/worker.ts";
 import { saveResult } from "./lib/results.ts";
 
 const runs = Number(process.argv[2] ?? 10);
+const workerRuns = Number(process.argv[3] ?? 5);
 const secretName = "gardener-node-agent-bench";
 const binary = await trellisBinary();
+
+type Stat = { median: number; min: number; max: number };
+function stat<T>(samples: T[], k: keyof T): Stat {
+  const xs = samples.map((s) => s[k] as number).sort((a, b) => a - b);
+  const median = xs.length % 2 ? (xs[(xs.length - 1) / 2] as number) : ((xs[xs.length / 2 - 1] as number) + (xs[xs.length / 2] as number)) / 2;
+  return { median: Number(median.toFixed(3)), min: Number((xs[0] as number).toFixed(3)), max: Number((xs[xs.length - 1] as number).toFixed(3)) };
+}
+const result: Record<string, unknown> = { date: new Date().toISOString(), runs, workerRuns, binaryMiB: Number(((await Bun.file(binary).size) / 2 ** 20).toFixed(1)) };
+
 const [cluster, registry] = await Promise.all([startCluster(), startRegistry()]);
 try {
   await grantCsrRbac(cluster);
@@ -41,21 +56,39 @@ try {
       await bare.stop();
     }
   }
-  const stat = (k: keyof (typeof samples)[number]) => {
-    const xs = samples.map((s) => s[k]).sort((a, b) => a - b);
-    const median = xs.length % 2 ? (xs[(xs.length - 1) / 2] as number) : ((xs[xs.length / 2 - 1] as number) + (xs[xs.length / 2] as number)) / 2;
-    return { median: Number(median.toFixed(3)), min: Number((xs[0] as number).toFixed(3)), max: Number((xs[xs.length - 1] as number).toFixed(3)) };
-  };
-  const result = {
-    date: new Date().toISOString(),
-    runs,
-    binaryMiB: Number(((await Bun.file(binary).size) / 2 ** 20).toFixed(1)),
-    installToApplied: stat("totalS"),
-    phases: { installToCsrCreated: stat("toCsrS"), csrApprovedToCertificate: stat("certificateS"), certificateToOscApplied: stat("applyS") },
-    samples,
-  };
-  saveResult("bootstrap", result, result.date.slice(0, 10));
+  result.installToApplied = stat(samples, "totalS");
+  result.phases = { installToCsrCreated: stat(samples, "toCsrS"), csrApprovedToCertificate: stat(samples, "certificateS"), certificateToOscApplied: stat(samples, "applyS") };
+  result.samples = samples;
 } finally {
   await registry.stop();
   await cluster.stop();
 }
+
+// The worker series: its own control plane (kube-controller-manager signs kubelet's certificates) and registry.
+if (workerRuns > 0) {
+  const world = await startWorkerWorld();
+  try {
+    const workers: { toCsrS: number; toAppliedS: number; toReadyS: number; toPodReadyS: number }[] = [];
+    for (let i = 0; i < workerRuns; i++) {
+      const w = await bringUpWorker(world, "bootw");
+      try {
+        await runWebPod(world, w, `web-${i}`);
+        const s = (ms: number) => (ms - w.startedMs) / 1000;
+        workers.push({ toCsrS: s(w.csrSeenMs), toAppliedS: s(w.appliedMs), toReadyS: s(w.readyMs), toPodReadyS: s(performance.now()) });
+        console.error(`worker ${i + 1}/${workerRuns}: Node Ready ${s(w.readyMs).toFixed(2)} s, Pod Ready ${(workers.at(-1)?.toPodReadyS ?? 0).toFixed(2)} s after install.sh started`);
+      } finally {
+        await w.bare.stop();
+      }
+    }
+    result.worker = {
+      installToCsrCreated: stat(workers, "toCsrS"),
+      installToOscApplied: stat(workers, "toAppliedS"),
+      installToNodeReady: stat(workers, "toReadyS"),
+      installToPodReady: stat(workers, "toPodReadyS"),
+      samples: workers,
+    };
+  } finally {
+    await world.stop();
+  }
+}
+saveResult("bootstrap", result, (result.date as string).slice(0, 10));

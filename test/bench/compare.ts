@@ -17,7 +17,11 @@
 //      requests it made, 10 times each;
 //   5. steady state: RSS, CPU seconds, API requests per hour (audit log) and bytes received from the
 //      API server (a byte-counting TCP relay between each agent and the API server, TLS untouched);
-//   6. binary size and the compressed single-layer image.
+//   6. binary size and the compressed single-layer image;
+//   7. a real worker (test/bench/lib/worker-phase.ts, its own control plane, after the others): a bare
+//      machine with a real kubelet brought up by each agent with the OSC Gardener renders for its pool,
+//      install.sh → agent's CSR → OSC applied → Node Ready → a Pod Ready; then kubelet's configuration
+//      changed in the OSC → kubelet's new process → the Node Ready again as the new kubelet reports it.
 // Every node's kubeconfig points at its own relay (test/harness/byte-proxy.ts), in every phase.
 // A stand-in kubelet answers /healthz on 127.0.0.1:10248 (the nodes share the host's network), so
 // that neither agent's health check restarts a kubelet that was never there.
@@ -41,6 +45,7 @@ import { expectedStarts, oscYaml, secretBody, starts, UNITS, unitName } from "./
 import { journal, type JournalLine } from "./lib/journal.ts";
 import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
 import { saveResult } from "./lib/results.ts";
+import { type WorkerPhaseResult, workerPhase } from "./lib/worker-phase.ts";
 import { median, round, type Summary, summary } from "./lib/stats.ts";
 
 const { values: args } = parseArgs({
@@ -49,12 +54,16 @@ const { values: args } = parseArgs({
     changes: { type: "string", default: "30" },
     startups: { type: "string", default: "5" },
     "steady-minutes": { type: "string", default: "10" },
+    "worker-runs": { type: "string", default: "3" },
+    "worker-changes": { type: "string", default: "5" },
   },
 });
 const RUNS = Number(args.runs);
 const CHANGES = Number(args.changes);
 const STARTUPS = Number(args.startups);
 const STEADY_MINUTES = Number(args["steady-minutes"]);
+const WORKER_RUNS = Number(args["worker-runs"]);
+const WORKER_CHANGES = Number(args["worker-changes"]);
 const NOOPS = 10;
 
 const benchStart = performance.now();
@@ -301,7 +310,6 @@ try {
       imageLayerZstd19MiB: round(compress(layer, "zstd", 19).length / 1048576),
     };
   }
-  mark("");
 
   result.firstApply = Object.fromEntries(agents.map((a) => [a.id, { createToAnnotationMs: summary(firstApply[a.id].toAnnotationMs), createToAllUnitsStartedMs: summary(firstApply[a.id].toAllUnitsMs), receivedKiB: summary(firstApply[a.id].receivedKiB) }]));
   result.reactionLatency = {
@@ -312,13 +320,22 @@ try {
   result.noopRecheck = Object.fromEntries(agents.map((a) => [a.id, { toAnnotationMs: summary(noop[a.id].toAnnotationMs), cpuMs: summary(noop[a.id].cpuMs), apiRequests: summary(noop[a.id].apiRequests, 0) }]));
   result.steady = steady;
   result.sizes = sizes;
-  result.hostCpuBusyCores = phaseCpu;
-  result.benchSeconds = round((performance.now() - benchStart) / 1000);
 } finally {
   for (const b of [...benches].reverse()) await stopBench(b).catch((err: unknown) => console.error(`stopping node ${b.name}: ${String(err)}`));
   await kubelet?.stop(true);
   await cluster.stop();
 }
+
+// Phases 1-6 are kept even if the real worker fails.
+saveResult("compare", { date: new Date().toISOString().slice(0, 10), ...result }, new Date().toISOString().slice(0, 10));
+
+// ------------------------------------------------ 7. a real worker, Gardener's OSC (its own control plane)
+mark("real worker");
+progress(`real worker: ${WORKER_RUNS} bare machine(s) per agent brought up with Gardener's OSC, ${WORKER_CHANGES} kubelet configuration changes each`);
+result.worker = await workerPhase(agents, { runs: WORKER_RUNS, changes: WORKER_CHANGES, progress, turns });
+mark("");
+result.hostCpuBusyCores = phaseCpu;
+result.benchSeconds = round((performance.now() - benchStart) / 1000);
 
 // ---------------------------------------------------------------- output
 
@@ -333,7 +350,9 @@ const r = result as {
   noopRecheck: PerAgent<{ toAnnotationMs: Summary; cpuMs: Summary; apiRequests: Summary }>;
   steady: PerAgent<{ rssMiB: Summary; cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number; sentKiBPerHour: number }>;
   sizes: PerAgent<{ binaryMiB: number; imageLayerGzip9MiB: number; imageLayerZstd19MiB: number }>;
+  worker: WorkerPhaseResult;
 };
+const w = r.worker;
 const cell = (x: Summary | number) => (typeof x === "number" ? `${x}` : `${x.median} (${x.min}–${x.max})`);
 const mid = (x: Summary | number) => (typeof x === "number" ? x : x.median);
 const rows: [string, PerAgent<Summary | number>, string][] = [
@@ -351,6 +370,13 @@ const rows: [string, PerAgent<Summary | number>, string][] = [
   ["steady: received from the API server", { trellis: r.steady.trellis.receivedKiBPerHour, gna: r.steady.gna.receivedKiBPerHour }, "KiB/h"],
   ["steady: sent to the API server", { trellis: r.steady.trellis.sentKiBPerHour, gna: r.steady.gna.sentKiBPerHour }, "KiB/h"],
   [`first apply: received from the API server (${RUNS})`, { trellis: r.firstApply.trellis.receivedKiB, gna: r.firstApply.gna.receivedKiB }, "KiB"],
+  [`worker: install.sh → agent's CSR (${WORKER_RUNS})`, { trellis: w.trellis.installToCsrMs, gna: w.gna.installToCsrMs }, "ms"],
+  [`worker: install.sh → Node Ready (${WORKER_RUNS})`, { trellis: w.trellis.installToReadyMs, gna: w.gna.installToReadyMs }, "ms"],
+  [`worker: install.sh → OSC applied (${WORKER_RUNS})`, { trellis: w.trellis.installToAppliedMs, gna: w.gna.installToAppliedMs }, "ms"],
+  [`worker: install.sh → Pod Ready (${WORKER_RUNS})`, { trellis: w.trellis.installToPodReadyMs, gna: w.gna.installToPodReadyMs }, "ms"],
+  [`worker: kubelet config → kubelet restarted (${WORKER_RUNS * WORKER_CHANGES})`, { trellis: w.trellis.kubeletChange.toKubeletRestartMs, gna: w.gna.kubeletChange.toKubeletRestartMs }, "ms"],
+  [`worker: kubelet config → Node Ready again (${WORKER_RUNS * WORKER_CHANGES})`, { trellis: w.trellis.kubeletChange.toReadyAgainMs, gna: w.gna.kubeletChange.toReadyAgainMs }, "ms"],
+  ["worker: other units restarted by those changes", { trellis: w.trellis.kubeletChange.otherUnitsRestarted, gna: w.gna.kubeletChange.otherUnitsRestarted }, ""],
   ["binary", { trellis: r.sizes.trellis.binaryMiB, gna: r.sizes.gna.binaryMiB }, "MiB"],
   ["image layer, gzip -9", { trellis: r.sizes.trellis.imageLayerGzip9MiB, gna: r.sizes.gna.imageLayerGzip9MiB }, "MiB"],
   ["image layer, zstd -19", { trellis: r.sizes.trellis.imageLayerZstd19MiB, gna: r.sizes.gna.imageLayerZstd19MiB }, "MiB"],

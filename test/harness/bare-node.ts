@@ -62,6 +62,18 @@ export type BareNodeOptions = {
   worker?: boolean;
   /** controllers.healthCheck of the agent's configuration (default: stand-ins serve no /healthz, so never). */
   healthCheck?: Record<string, string | number>;
+  /**
+   * The agent is gardener-node-agent (the benchmark's peer): its configuration file is named after its
+   * version (`configName`), carries none of trellis's additions (controllers.healthCheck), and its user
+   * gets the wider RBAC it needs (`rules`).
+   */
+  peer?: { configName: string; rules: (secrets: string[]) => Parameters<typeof userWithRules>[2] };
+  /**
+   * A worker's containerd configuration as its machine image brings it: Debian's (the CNI directories
+   * only, the default) or containerd's own default (`containerd config default`, its runc runtime
+   * table included, as most images ship it). Either with `restrict_oom_score_adj` (see below).
+   */
+  machineContainerd?: "debian" | "containerd-default";
 };
 
 /** Boots a bare node with containerd and writes its user data; the agent's RBAC exists (and the Node, unless a worker). */
@@ -79,7 +91,11 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
       const [api, reg] = [await startBridgeRelay(Number(new URL(cluster.server).port)), await startBridgeRelay(Number(registry.host.split(":")[1]))];
       relays.push(api, reg);
       [server, mirror] = [`https://${api.address}`, reg.address];
-      await node.writeFile("/etc/containerd/config.toml", machineImageContainerdConfig);
+      if (opts.machineContainerd === "containerd-default") {
+        await node.execOk(["sh", "-c", "containerd config default | sed 's/restrict_oom_score_adj = false/restrict_oom_score_adj = true/' > /etc/containerd/config.toml"]);
+      } else {
+        await node.writeFile("/etc/containerd/config.toml", machineImageContainerdConfig);
+      }
       await node.execOk(["systemctl", "restart", "containerd.service"]);
       // The network extension's part: its CNI plugins where Gardener's containerd config looks (trellis
       // sets bin_dir to /opt/cni/bin), and the pod network.
@@ -90,12 +106,12 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
     const user = nodeAgentUserPrefix + machine;
     const core = cluster.admin().makeApiClient(CoreV1Api);
     if (!opts.worker) await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-    await userWithRules(cluster, user, agentRules([secretName]));
+    await userWithRules(cluster, user, (opts.peer?.rules ?? agentRules)([secretName]));
     const token = await createBootstrapToken(cluster);
     const [healthPort, metricsPort] = [await freePort(), await freePort()];
     await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, mirrorHostsToml(upstream, mirror));
     await node.writeFile(
-      `${agentBase}/config.yaml`,
+      `${agentBase}/${opts.peer?.configName ?? "config.yaml"}`,
       stringify({
         apiVersion: "nodeagent.config.gardener.cloud/v1alpha1",
         kind: "NodeAgentConfiguration",
@@ -104,7 +120,7 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
         controllers: {
           operatingSystemConfig: { secretName, kubernetesVersion: "1.35.4", syncPeriod: "15s" },
           // Kubelet stand-ins serve no /healthz: the agent must not restart them in the middle of a test.
-          healthCheck: opts.healthCheck ?? { kubeletFailureThreshold: "24h" },
+          ...(opts.peer ? {} : { healthCheck: opts.healthCheck ?? { kubeletFailureThreshold: "24h" } }),
         },
       }),
       0o600,
@@ -138,14 +154,14 @@ const machineImageContainerdConfig = `version = 2
 `;
 
 /**
- * Runs install.sh as cloud-init would, for the trellis image at `tag`, and approves the node's CSR as
+ * Runs install.sh as cloud-init would, for the agent image `repo`:`tag` (trellis's by default), and approves the node's CSR as
  * soon as it appears. Returns the CSR's name and when (performance.now()) install.sh started and the
  * CSR was seen.
  */
-export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
-  const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/trellis/agent:${tag}`])).trim();
+export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string, repo = "trellis/agent"): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
+  const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/${repo}:${tag}`])).trim();
   const startedMs = performance.now();
-  await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/trellis/agent:${tag}@${digest}` } });
+  await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/${repo}:${tag}@${digest}` } });
   const csr = await waitForCsr(cluster, `the bootstrap CSR of ${bare.name}`, (c) => c.spec.username === bare.bootstrapUser, 120_000);
   const csrSeenMs = performance.now();
   const name = csr.metadata?.name as string;
