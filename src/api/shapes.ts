@@ -7,6 +7,9 @@ const mappingOnly = v.custom<unknown>((input) => !Array.isArray(input), "Invalid
 
 export const object = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.object(entries));
 
+/** A mapping of trellis's own formats: a key it does not know is an error, never ignored. */
+export const strictObject = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.strictObject(entries));
+
 export const looseObject = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.looseObject(entries));
 
 export const record = <const K extends v.GenericSchema<string, string | number | symbol>, const V extends v.GenericSchema>(key: K, value: V) =>

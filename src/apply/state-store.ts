@@ -1,4 +1,5 @@
-// The agent's state on the node (src/api/state.ts), read and written atomically through Files.
+// The agent's state on the node (src/api/state.ts), read and written atomically through Files; the same
+// for the other JSON files the agent keeps (jsonStore).
 // A state file that exists but cannot be parsed is an error, never silently replaced by an empty
 // state: that would make trellis forget what it owns.
 import * as v from "valibot";
@@ -17,21 +18,26 @@ export type StateStore = {
 };
 
 export function createStateStore(files: Files): StateStore {
+  const store = jsonStore(files, statePath, AgentStateSchema, emptyState);
+  return { ...store, writeLastAppliedOsc: (oscYaml) => files.writeAtomic(paths.lastAppliedOsc, oscYaml, 0o600) };
+}
+
+/** A JSON file of the agent's (0600), parsed with `schema`; missing is `empty()`, unreadable is an error naming the file. */
+export function jsonStore<S extends v.GenericSchema>(files: Files, path: string, schema: S, empty: () => v.InferOutput<S>) {
   return {
-    read: async () => {
-      const raw = await files.read(statePath);
-      if (!raw) return emptyState();
+    read: async (): Promise<v.InferOutput<S>> => {
+      const raw = await files.read(path);
+      if (!raw) return empty();
       let doc: unknown;
       try {
         doc = JSON.parse(new TextDecoder().decode(raw));
       } catch (err) {
-        throw new Error(`${statePath}: not valid JSON (${err instanceof Error ? err.message : String(err)}); move it away to start over`);
+        throw new Error(`${path}: not valid JSON (${err instanceof Error ? err.message : String(err)}); move it away to start over`);
       }
-      const r = v.safeParse(AgentStateSchema, doc);
-      if (!r.success) throw new Error(`${statePath}: ${formatIssues(r.issues).join("; ")}; move it away to start over`);
+      const r = v.safeParse(schema, doc);
+      if (!r.success) throw new Error(`${path}: ${formatIssues(r.issues).join("; ")}; move it away to start over`);
       return r.output;
     },
-    write: (state) => files.writeAtomic(statePath, `${JSON.stringify(state)}\n`, 0o600),
-    writeLastAppliedOsc: (oscYaml) => files.writeAtomic(paths.lastAppliedOsc, oscYaml, 0o600),
+    write: (value: v.InferOutput<S>) => files.writeAtomic(path, `${JSON.stringify(value)}\n`, 0o600),
   };
 }

@@ -11,6 +11,7 @@ const commands: Record<string, Command> = {
   apply: { summary: "apply an OSC file to this machine without a cluster", load: () => import("./apply.ts") },
   "check-config": { summary: "check that this binary can read the NodeAgentConfiguration in --config-dir", load: () => import("./check-config.ts") },
   bootstrap: { summary: "set up a new machine: the agent's client certificate (CSR), kubelet's bootstrap kubeconfig, the agent's unit", load: () => import("./bootstrap.ts") },
+  rollout: { summary: "a pool's fleet rollout: slots and their holders, windows, each node updated, waiting, failed or paused", load: () => import("./rollout.ts") },
   status: { summary: "how the agent on this node is doing: applied OSC, unfinished apply, controllers, running or not", load: () => import("./status.ts") },
   version: { summary: "print version, git commit and runtime", load: () => import("./version.ts") },
   whoami: { summary: "connect to the API server and print its version and who trellis is there", load: () => import("./whoami.ts") },

@@ -7,7 +7,8 @@ import { readFileSync } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { decodeBase64 } from "../api/base64.ts";
-import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
+import { type Desired, parseOscBytes } from "../api/desired.ts";
+import { layeredChecksum, layerOsc, parseOverlays } from "../api/layers.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { oscYamlLimits, parseYaml } from "../api/yaml.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
@@ -19,7 +20,8 @@ export class OscInputError extends Error {
   override name = "OscInputError";
 }
 
-export type OscInput = { bytes: Uint8Array; checksum: string; desired: Desired };
+/** `layers`: where each unit and file came from ("osc.yaml" or an overlay), when the Secret has overlays. */
+export type OscInput = { bytes: Uint8Array; checksum: string; desired: Desired; layers?: Record<string, string> };
 
 /** The Secret form carries the OSC in base64 (4/3 of its size) plus the Secret's own fields. */
 const secretFormLimits = { ...oscYamlLimits, maxBytes: Math.ceil((oscYamlLimits.maxBytes * 4) / 3) + 64 * 1024 };
@@ -28,32 +30,46 @@ const secretFormLimits = { ...oscYamlLimits, maxBytes: Math.ceil((oscYamlLimits.
  * `imageCache`: "node" extracts imageRef files into the node's cache (apply); "throwaway" into a
  * temporary directory outside the root that is removed afterwards (plan, which changes nothing).
  */
-export async function readOscFile(path: string, files: Files, log: Logger, opts: { host?: string; imageCache: "node" | "throwaway" }): Promise<OscInput> {
-  const { bytes, source } = oscBytesOf(path, readFileSync(path));
+export async function readOscFile(path: string, files: Files, log: Logger, opts: { host?: string; labels?: Record<string, string>; imageCache: "node" | "throwaway" }): Promise<OscInput> {
+  const { bytes, source, overlayData } = oscBytesOf(path, readFileSync(path));
   const parsed = parseOscBytes(bytes, source);
   if (!parsed.ok) throw new OscInputError(parsed.errors.join("\n"));
+  const overlays = parseOverlays(overlayData, source);
+  if (!overlays.ok) throw new OscInputError(overlays.errors.join("\n"));
+  const layered = layerOsc(parsed.value, overlays.value, opts.labels ?? {}, source);
+  if (!layered.ok) throw new OscInputError(layered.errors.join("\n"));
   const cacheDir = opts.imageCache === "node" ? hostPathUnder(files.root, paths.imageCache) : await mkdtemp(join(tmpdir(), "trellis-plan-images-"));
   try {
     const images = createImageStore({ cacheDir, hostsDir: hostPathUnder(files.root, paths.containerdHostsDir), arch: archOf(process.arch), log });
-    const resolved = await desiredForNode(parsed.value, source, { files, hostName: opts.host ?? hostname(), images, log });
+    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: opts.host ?? hostname(), images, log });
     if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
-    return { bytes, checksum: sha256Hex(bytes), desired: resolved.value };
+    return {
+      bytes,
+      checksum: layeredChecksum(bytes, layered.value.matched),
+      desired: resolved.value,
+      ...(overlays.value.length > 0 ? { layers: Object.fromEntries([...layered.value.provenance].sort(([a], [b]) => a.localeCompare(b))) } : {}),
+    };
   } finally {
     if (opts.imageCache === "throwaway") await rm(cacheDir, { recursive: true, force: true });
   }
 }
 
-/** The OSC's bytes: the file itself, or data["osc.yaml"] of the Secret in it (decoded strictly). */
-function oscBytesOf(path: string, raw: Uint8Array): { bytes: Uint8Array; source: string } {
+/** The OSC's bytes: the file itself, or data["osc.yaml"] of the Secret in it (decoded strictly), and the Secret's overlays. */
+function oscBytesOf(path: string, raw: Uint8Array): { bytes: Uint8Array; source: string; overlayData: Record<string, Uint8Array> } {
   const text = new TextDecoder().decode(raw.subarray(0, Math.min(raw.byteLength, secretFormLimits.maxBytes + 1)));
   const doc = raw.byteLength <= secretFormLimits.maxBytes ? parseYaml(text, path, secretFormLimits) : undefined;
   // Anything that is not a Secret is read as the OSC itself, whose parse names its problems.
-  if (!doc?.ok || !isSecret(doc.value)) return { bytes: raw, source: path };
-  const encoded = doc.value.data?.[oscDataKey];
-  if (typeof encoded !== "string") throw new OscInputError(`${path}: Secret has no data["${oscDataKey}"]`);
-  const bytes = decodeBase64(encoded);
-  if (!bytes) throw new OscInputError(`${path}: data["${oscDataKey}"] is not valid base64`);
-  return { bytes, source: path };
+  if (!doc?.ok || !isSecret(doc.value)) return { bytes: raw, source: path, overlayData: {} };
+  const secret = doc.value;
+  const decode = (key: string) => {
+    const encoded = secret.data?.[key];
+    if (typeof encoded !== "string") throw new OscInputError(`${path}: Secret has no data["${key}"]`);
+    const bytes = decodeBase64(encoded);
+    if (!bytes) throw new OscInputError(`${path}: data["${key}"] is not valid base64`);
+    return bytes;
+  };
+  const overlayData = Object.fromEntries(Object.keys(secret.data ?? {}).filter((k) => k.startsWith("overlay")).map((k) => [k, decode(k)]));
+  return { bytes: decode(oscDataKey), source: path, overlayData };
 }
 
 function isSecret(doc: unknown): doc is { data?: Record<string, unknown> } {

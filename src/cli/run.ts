@@ -14,6 +14,7 @@ import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
 import { startNodeSource } from "../controllers/node-source.ts";
 import { startOscController } from "../controllers/osc.ts";
+import { startRollout } from "../controllers/rollout.ts";
 import { startRestartController } from "../controllers/restart.ts";
 import { startTokenController } from "../controllers/token.ts";
 import type { Controller } from "../controllers/types.ts";
@@ -76,8 +77,21 @@ export async function run(args: string[]): Promise<number> {
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 
+  const rollout = startRollout({
+    kube,
+    files,
+    systemd,
+    store,
+    events,
+    node,
+    status,
+    log,
+    secretName: controllers.operatingSystemConfig.secretName,
+    stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
+  });
   const running: Controller[] = [
     node,
+    rollout,
     startOscController({
       kube,
       files,
@@ -96,13 +110,14 @@ export async function run(args: string[]): Promise<number> {
       selfBinary: realpathSync(process.execPath),
       configDir: resolve(values["config-dir"]),
       images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
+      rollout,
     }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
     startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
-    startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit }),
+    startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
     // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
     ...(connection.kind === "kubeconfig" && connection.path === paths.kubeconfig

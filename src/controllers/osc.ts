@@ -6,7 +6,10 @@
 // Rollout controls from the control plane: the Node annotation reconciliation-delay holds an updated
 // OSC back for that long after it was first seen, and a Secret annotated serial applies one node at a
 // time through a Lease. A node whose apply fails keeps the serial lease, so a bad change stops there
-// instead of rolling on to the next node.
+// instead of rolling on to the next node. trellis's own fleet rollouts (rollout.trellis.dev/ settings,
+// src/controllers/rollout.ts) hold an update back on a paused node, outside the canary, outside the
+// maintenance windows or without a free disruption slot, and gate a disruptive change on the node's
+// health afterwards, rolling back if the Secret asks for it.
 import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
@@ -29,6 +32,15 @@ import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
+import { parseRolloutSettings, poolLabel, type RolloutSettings } from "../api/rollout.ts";
+import { planForNode } from "../apply/observe.ts";
+import { disruptedUnits } from "../plan/disruption.ts";
+import type { Checksums, Rollout } from "./rollout.ts";
+import { lastGoodOscPath } from "../api/rollout-state.ts";
+import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, parseOverlays } from "../api/layers.ts";
+import type { OperatingSystemConfig } from "../api/osc.ts";
+import type { Result } from "../api/result.ts";
+import { stringify } from "yaml";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -63,13 +75,16 @@ export type OscControllerDeps = {
   selfBinary: string;
   configDir: string;
   images: ImageStore;
+  /** Fleet rollouts: budget, health gate, windows, selection (src/controllers/rollout.ts). */
+  rollout: Rollout;
   now?: () => number;
 };
 
 type OscControllerStatus = {
   synced: boolean;
   lastChecksum?: string;
-  lastResult?: "applied" | "failed" | "invalid" | "waiting";
+  /** held: a rollout holds the OSC back on this node (paused, canary, window, slot, health gate). */
+  lastResult?: "applied" | "failed" | "invalid" | "waiting" | "held";
   lastError?: string;
   reconciles: number;
 };
@@ -84,6 +99,8 @@ type Wait = { atMs: number; why: string };
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
 const registryProbeRetryMs = 10_000;
+/** How often a running health gate looks at the node. */
+const gateLookMs = 1_000;
 
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
@@ -144,8 +161,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
         ? `OSC ${checksum} applied`
         : status.lastResult === "waiting"
           ? `waiting for Secret kube-system/${deps.secretName}`
-          : `OSC ${checksum} ${status.lastResult ?? "not reconciled yet"}: ${status.lastError ?? ""}`;
-    deps.status.set("osc", { ok: status.synced && status.lastResult === "applied", summary, ...status });
+          : status.lastResult === "held"
+            ? `OSC ${checksum} held back: ${status.lastError ?? ""}`
+            : `OSC ${checksum} ${status.lastResult ?? "not reconciled yet"}: ${status.lastError ?? ""}`;
+    deps.status.set("osc", { ok: status.synced && (status.lastResult === "applied" || status.lastResult === "held"), summary, ...status });
   };
   const periodic = (): Wait => ({ atMs: now() + deps.syncPeriodMs, why: "periodic re-check" });
   const retryWait = (why: string): Wait => {
@@ -180,10 +199,17 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.synced = true;
   });
 
-  // Kubelet updates the Node all the time: only the rollout annotation concerns this controller.
+  // Kubelet updates the Node all the time: only the rollout annotation concerns this controller, and
+  // the labels when the Secret has overlays (they pick by label).
   let delayAnnotation = deps.node.current()?.metadata?.annotations?.[annotations.reconciliationDelay];
+  let layeredSecret = false;
+  let labelsSeen = JSON.stringify(deps.node.current()?.metadata?.labels ?? {});
   const unsubscribe = deps.node.subscribe((n) => {
     const value = n.metadata?.annotations?.[annotations.reconciliationDelay];
+    const labelsNow = JSON.stringify(n.metadata?.labels ?? {});
+    const labelsChanged = labelsNow !== labelsSeen;
+    labelsSeen = labelsNow;
+    if (layeredSecret && labelsChanged) trigger("node labels changed (the Secret has overlays)");
     if (value === delayAnnotation) return;
     delayAnnotation = value;
     trigger("reconciliation delay changed");
@@ -203,13 +229,24 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (encoded === undefined) return invalid("missing", [`${source}: has no data["${oscDataKey}"]`]);
     const bytes = decodeBase64(encoded);
     if (!bytes) return invalid("undecodable", [`${source}: data["${oscDataKey}"] is not valid base64`]);
-    // Gardener's checksum: of the bytes as they are, never of a re-encoded text.
-    const checksum = sha256Hex(bytes);
+    // Gardener's checksum: of the bytes as they are, never of a re-encoded text. The Node's
+    // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
+    // a checksum of its own (`checksum`), for everything else.
+    const base = sha256Hex(bytes);
+    const parsed = parseOscBytes(bytes, source);
+    const layered = parsed.ok ? layersFor(parsed.value, source) : parsed;
+    if (!layered.ok) {
+      note(base);
+      status.lastChecksum = base;
+      return invalid(base, layered.errors);
+    }
+    const { matched } = layered.value;
+    const checksum = layeredChecksum(bytes, matched);
     note(checksum);
     status.lastChecksum = checksum;
-    const parsed = parseOscBytes(bytes, source);
-    if (!parsed.ok) return invalid(checksum, parsed.errors);
-    const resolved = await desiredForNode(parsed.value, source, {
+    // What is recorded as applied (last-applied-osc.yaml, the rollback target): the layered OSC.
+    const applied = matched.length > 0 ? new TextEncoder().encode(stringify(layered.value.osc)) : bytes;
+    const resolved = await desiredForNode(layered.value.osc, source, {
       files: deps.files,
       hostName: deps.hostName,
       readSecret,
@@ -230,6 +267,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
       ...(state.owned.files[deps.selfBinary] ? { installed: state.owned.files[deps.selfBinary]?.sha256 } : {}),
     });
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
+    const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
+    if (!rollout.ok) return invalid(checksum, rollout.errors);
+    const settings = rollout.value;
+    deps.rollout.observe({ secretUid: secret.metadata?.uid ?? "", checksum, settings });
+    // A change this node is gating (or failed, or rolled back from) is settled before anything else.
+    const ongoing = await continueRollout({ base, checksum }, applied, state.lastApplied?.checksum, settings);
+    if (ongoing) return ongoing;
 
     const current = deps.node.current();
     const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
@@ -238,6 +282,22 @@ export function startOscController(deps: OscControllerDeps): OscController {
       if (hold > 0) {
         log.info("holding the updated OSC back (reconciliation delay)", { checksum, remainingMs: hold });
         return { atMs: now() + hold, why: "reconciliation delay over" };
+      }
+    }
+    // Paused, outside the canary, outside every window or without a free slot: wait. A disruptive
+    // change is recorded for its health gate before it is applied (it may restart this agent).
+    let gatedUnits: string[] = [];
+    if (isUpdate) {
+      const disrupted = settings.budget || settings.windows ? disruptedUnits((await planForNode({ desired, checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit })).plan, settings.disruptiveUnits) : [];
+      const admission = await deps.rollout.admit({ secretUid: secret.metadata?.uid ?? "", checksum, disrupted, settings });
+      if (!admission.go) {
+        status.lastResult = "held";
+        status.lastError = admission.message;
+        return { atMs: admission.retryAtMs, why: admission.reason };
+      }
+      if (settings.budget && disrupted.length > 0) {
+        await deps.rollout.gated(checksum, disrupted);
+        gatedUnits = disrupted;
       }
     }
     if (!isUpdate && !leftoverLeaseChecked && isSerialRollout(secret) && current) {
@@ -262,7 +322,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const renewal = gate
       ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: describeError(err) })), 60_000)
       : undefined;
-    const outcome = await applyDesired(desired, checksum, bytes, {
+    const outcome = await applyDesired(desired, checksum, applied, {
       files: deps.files,
       systemd: deps.systemd,
       store: deps.store,
@@ -291,12 +351,74 @@ export function startOscController(deps: OscControllerDeps): OscController {
     await pruneImages(desired);
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
     // The Node as it is now: it may have registered (or its watch synced) while the apply ran.
-    await reportSuccess(deps.node.current(), checksum, desired, outcome).finally(() => gate?.release());
+    await reportSuccess(deps.node.current(), { base, checksum }, desired, outcome).finally(() => gate?.release());
+    if (gatedUnits.length > 0) return { atMs: now() + gateLookMs, why: "health gate" };
+    if (settings.budget) await deps.rollout.applied({ base, checksum }, applied);
     if (resolved.waitingFor.length > 0) {
       log.info("applied without the registries still waiting for their readiness probe", { registries: resolved.waitingFor });
       return { atMs: now() + registryProbeRetryMs, why: "registry readiness probe" };
     }
     return periodic();
+  }
+
+  /**
+   * Settles a change this node is gating for `checksum` (the Secret's OSC now): looks at the node's health
+   * until the gate passes or fails, rolls back if the Secret says so, or keeps a failed or rolled-back
+   * change from being applied again. Undefined: nothing of the kind, reconcile as usual.
+   */
+  async function continueRollout(ids: Checksums, osc: Uint8Array, applied: string | undefined, settings: RolloutSettings): Promise<Wait | undefined> {
+    const { checksum } = ids;
+    const g = (await deps.rollout.state()).gate;
+    if (!g || g.checksum !== checksum) return undefined;
+    if (g.phase === "blocked" || g.phase === "failed") {
+      status.lastResult = g.phase === "failed" ? "failed" : "held";
+      status.lastError = g.phase === "failed" ? `health gate failed: ${g.failedCheck ?? "?"}` : `failed its health gate here (${g.failedCheck ?? "?"}); rolled back`;
+      return periodic();
+    }
+    const lastGood = g.phase === "rolled-back" ? await deps.rollout.lastGood(checksum) : undefined;
+    // The gate looks only at a complete apply: an unfinished one is applied (again) first.
+    if (g.phase === "gating" && applied !== checksum) return undefined;
+    if (g.phase === "rolled-back" && lastGood && applied !== lastGood.checksum) return rollBack(checksum, lastGood, settings);
+    const t = await deps.rollout.tick(settings);
+    if (!t) return undefined;
+    if (t.result === "pending") {
+      status.lastResult = "held";
+      status.lastError = `health gate: ${t.check ?? "settling"}`;
+      return { atMs: now() + gateLookMs, why: "health gate" };
+    }
+    if (t.result === "passed") {
+      await deps.rollout.passed(ids, osc);
+      status.lastResult = g.phase === "gating" ? "applied" : "held";
+      status.lastError = undefined;
+      return periodic();
+    }
+    const back = g.phase === "gating" && settings.rollback ? await deps.rollout.lastGood(checksum) : undefined;
+    await deps.rollout.failed(t.check, back !== undefined);
+    status.lastResult = "failed";
+    status.lastError = `health gate failed: ${t.check}`;
+    return back ? rollBack(checksum, back, settings) : periodic();
+  }
+
+  /** Applies the node's last good OSC again after `failed` failed its gate; that one's gate runs next. */
+  async function rollBack(failed: string, back: { checksum: string; base: string; osc: Uint8Array }, settings: RolloutSettings): Promise<Wait> {
+    const source = `the last good OSC ${back.checksum.slice(0, 12)} (${lastGoodOscPath})`;
+    const parsed = parseOscBytes(back.osc, source);
+    if (!parsed.ok) throw new Error(`rolling back: ${parsed.errors.join("; ")}`);
+    const resolved = await desiredForNode(parsed.value, source, { files: deps.files, hostName: deps.hostName, readSecret, images: deps.images, log, signal: stopping.signal });
+    if (!resolved.ok) throw new Error(`rolling back: ${resolved.errors.join("; ")}`);
+    const state = await deps.store.read();
+    const { plan } = await planForNode({ desired: resolved.value, checksum: back.checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
+    await deps.rollout.gated(back.checksum, disruptedUnits(plan, settings.disruptiveUnits), true);
+    const current = deps.node.current();
+    if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "RolloutRolledBack", message: `OSC ${failed.slice(0, 12)} failed its health gate: going back to the last good OSC ${back.checksum.slice(0, 12)}` });
+    log.warn("rolling back to the last good OSC", { failed, to: back.checksum });
+    const outcome = await applyDesired(resolved.value, back.checksum, back.osc, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit });
+    if (!outcome.complete) {
+      await reportFailure(deps.node.current(), back.checksum, outcome);
+      return retryWait("a failed rollback");
+    }
+    await reportSuccess(deps.node.current(), { base: back.base, checksum: back.checksum }, resolved.value, outcome);
+    return { atMs: now() + gateLookMs, why: "health gate of the rollback" };
   }
 
   function serialGate(current: V1Node) {
@@ -320,6 +442,21 @@ export function startOscController(deps: OscControllerDeps): OscController {
       return 0;
     }
     return note(checksum).at + delay - now();
+  }
+
+  /** The OSC with the Secret's overlays that match this Node's labels (none before the Node is known). */
+  function layersFor(osc: OperatingSystemConfig, source: string): Result<Layered> {
+    const data: Record<string, Uint8Array> = {};
+    for (const [key, encoded] of Object.entries(secret?.data ?? {})) {
+      if (!key.startsWith("overlay")) continue;
+      const decoded = decodeBase64(encoded);
+      if (!decoded) return { ok: false, errors: [`${source}: data["${key}"] is not valid base64`] };
+      data[key] = decoded;
+    }
+    const overlays = parseOverlays(data, source);
+    if (!overlays.ok) return overlays;
+    layeredSecret = overlays.value.length > 0;
+    return layerOsc(osc, overlays.value, deps.node.current()?.metadata?.labels ?? {}, source);
   }
 
   async function readSecret(name: string): Promise<SecretData | undefined> {
@@ -369,7 +506,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     await setCondition(current, "False", "ApplyFailed", `applying OSC ${checksum.slice(0, 12)}: ${outcome.failures.map((f) => describeStep(f.step)).join("; ")}`);
   }
 
-  async function reportSuccess(current: V1Node | undefined, checksum: string, desired: Desired, outcome: ApplyOutcome): Promise<void> {
+  async function reportSuccess(current: V1Node | undefined, ids: Checksums, desired: Desired, outcome: ApplyOutcome): Promise<void> {
+    const { checksum } = ids;
     const { reported } = note(checksum);
     for (const u of desired.unsupported) {
       if (current && !reported.has(`unsupported/${u}`)) {
@@ -381,11 +519,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // controller again, and that run reports what the apply did, from the state it persisted.
     if (!current) return;
     const name = current.metadata?.name as string;
-    const wanted = await nodeMetadata(checksum, desired);
+    const wanted = await nodeMetadata(ids, desired);
     const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
-    const firstReport = have[annotations.appliedChecksum] !== checksum;
-    // A no-op re-check costs no API request.
-    if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => have[k] !== v)) {
+    const firstReport = (have[effectiveChecksumAnnotation] ?? have[annotations.appliedChecksum]) !== checksum;
+    // A no-op re-check costs no API request (null: a key that must be absent).
+    if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => (have[k] ?? null) !== v)) {
       await patchNodeMetadata(deps.kube, name, wanted);
     }
     const done = outcome.executed.length > 0 || outcome.resumed ? summaryOf(outcome.executed) : firstReport ? await persistedSummary(checksum) : undefined;
@@ -406,14 +544,16 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return last?.checksum === checksum && last.steps !== undefined ? { steps: last.steps, restarted: last.restarted ?? [] } : undefined;
   }
 
-  async function nodeMetadata(checksum: string, desired: Desired) {
+  async function nodeMetadata(ids: Checksums, desired: Desired) {
     const controlPlane = desired.files.some((f) => f.path === apiServerManifest);
     const zone = await deps.files.read(paths.zone).catch(() => undefined);
     const zoneName = zone ? new TextDecoder().decode(zone).trim() : "";
     return {
-      annotations: { [annotations.appliedChecksum]: checksum },
+      annotations: { [annotations.appliedChecksum]: ids.base, [effectiveChecksumAnnotation]: ids.checksum === ids.base ? null : ids.checksum },
       labels: {
         [labels.kubernetesVersion]: deps.kubernetesVersion,
+        // The pool a disruption budget counts (Gardener's kubelet sets the same label on its nodes).
+        [poolLabel]: deps.secretName,
         [controlPlane ? labels.controlPlane : labels.worker]: "",
         ...(zoneName ? { [labels.zone]: zoneName } : {}),
       },

@@ -7,6 +7,11 @@
 //
 // Each value is handled once: Node updates that still show it (kubelet's, or ours racing the watch)
 // are ignored until the annotation disappears or changes.
+//
+// With a disruption budget on the pool's Secret (src/controllers/rollout.ts), a request that restarts a
+// disruptive unit (kubelet and containerd always) first takes a slot — it waits, annotation and all,
+// while none is free — and gives it back once the node passed its health gate; a node that does not
+// pass keeps the slot (Warning RolloutHealthGateFailed) until it is healthy again.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
@@ -14,6 +19,9 @@ import { rethrow } from "../kube/errors.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource } from "./types.ts";
+import type { RolloutSettings } from "../api/rollout.ts";
+import { countsAsDisruptive } from "../plan/disruption.ts";
+import type { Rollout } from "./rollout.ts";
 
 export const restartAnnotation = "worker.gardener.cloud/restart-systemd-services";
 /** Gardener's event reason for a unit restart, so existing tooling finds these events too. */
@@ -29,6 +37,8 @@ export type RestartControllerDeps = {
   selfUnit: string;
   /** Wait before trying again to remove the annotation after that failed (5 s). */
   retryMs?: number;
+  /** Fleet rollouts: the budget a disruptive restart goes through (none: restarts at once). */
+  rollout?: Rollout;
 };
 
 const unitSuffixes = [".service", ".socket", ".target", ".timer", ".path", ".mount", ".automount", ".swap", ".slice", ".scope", ".device"];
@@ -60,6 +70,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   let latest: V1Node | undefined;
   let retry: ReturnType<typeof setTimeout> | undefined;
   let stopped = false;
+  const stopping = new AbortController();
 
   // Single flight: `pending` asks for one more pass after the current one, on the latest Node.
   let running: Promise<void> | undefined;
@@ -82,17 +93,47 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       return;
     }
     if (value !== handled?.value) {
-      handled = { value, node: nodeRef(node), restartSelf: false, removed: false, failures: 0 };
       const units = requestedUnits(value);
+      const rollout = deps.rollout;
+      const pool = rollout?.current();
+      const disruptive = pool?.settings.budget ? units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits)) : [];
+      if (rollout && pool && disruptive.length > 0) {
+        if (retry) return; // waiting for a slot already
+        const admitted = await rollout.takeSlot("restart", pool);
+        if (!admitted.go) {
+          log.info("the requested restart waits for a disruption slot", { units: disruptive, reason: admitted.reason, message: admitted.message });
+          retry = setTimeout(() => {
+            retry = undefined;
+            trigger();
+          }, Math.max(1000, admitted.retryAtMs - Date.now()));
+          return;
+        }
+      }
+      handled = { value, node: nodeRef(node), restartSelf: false, removed: false, failures: 0 };
       log.info("restarting units on request", { annotation: restartAnnotation, units });
       for (const unit of units) {
         if (unit === deps.selfUnit) handled.restartSelf = true;
         else await restart(handled, unit);
       }
+      await removeAnnotation(handled);
+      if (rollout && pool && disruptive.length > 0) await gate(rollout, handled, disruptive, pool.settings);
+      return;
     } else if (handled.removed || retry) {
       return; // done, or the removal is waiting for its retry
     }
     await removeAnnotation(handled);
+  }
+
+  // The slot goes back once the node passed its gate; until then (a failed gate included) it stays taken.
+  async function gate(rollout: Rollout, request: Request, units: string[], settings: RolloutSettings): Promise<void> {
+    let verdict = await rollout.gateUntilDone(units, settings, stopping.signal);
+    if (!verdict.passed && !stopping.signal.aborted) {
+      const message = `the node did not stay healthy after restarting ${units.join(", ")} on request: ${verdict.check}; it keeps its disruption slot until it does`;
+      log.warn("health gate after a requested restart failed", { units, check: verdict.check });
+      await deps.events.record({ node: request.node, type: "Warning", reason: "RolloutHealthGateFailed", message });
+      while (!verdict.passed && !stopping.signal.aborted) verdict = await rollout.gateUntilDone(units, settings, stopping.signal);
+    }
+    if (verdict.passed) await rollout.releaseSlot("restart");
   }
 
   async function restart(request: Request, unit: string): Promise<void> {
@@ -160,6 +201,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   return {
     stop: async () => {
       stopped = true;
+      stopping.abort();
       unsubscribe();
       if (retry) clearTimeout(retry);
       await running;

@@ -1,4 +1,8 @@
-// bun run bench:fleet [-- --nodes 50 --steady-minutes 5]
+// bun run bench:fleet [-- --nodes 50 --steady-minutes 5] [--mode rollout]
+//
+// --mode rollout: the same fleet, then fleet rollouts under disruption budgets instead of the load
+// measurements (test/bench/lib/fleet-rollout.ts); writes fleet-rollout-<date>.json and
+// docs/fleet-rollout.svg.
 //
 // trellis at fleet scale on one machine: N real nodes (systemd in namespaces, host network), each with
 // its own trellis agent, client certificate and RBAC, all of one worker pool (one OSC Secret: 8 units,
@@ -24,6 +28,8 @@ import { type OscShape, oscYaml, secretBody } from "./lib/bench-osc.ts";
 import { cpuSecondsAt, initClockTicks, machineInfo, memoryKiB, procKiB } from "./lib/proc.ts";
 import { saveResult } from "./lib/results.ts";
 import { round, summary } from "./lib/stats.ts";
+import { rolloutMode, type ScenarioResult } from "./lib/fleet-rollout.ts";
+import { rolloutSvg } from "./lib/rollout-svg.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -31,8 +37,11 @@ const { values: args } = parseArgs({
     "steady-minutes": { type: "string", default: "5" },
     "baseline-seconds": { type: "string", default: "60" },
     parallel: { type: "string", default: "4" },
+    mode: { type: "string", default: "load" },
   },
 });
+const MODE = args.mode;
+if (MODE !== "load" && MODE !== "rollout") throw new Error(`--mode is "load" or "rollout", not "${MODE}"`);
 const NODES = Number(args.nodes);
 const STEADY_MINUTES = Number(args["steady-minutes"]);
 const BASELINE_S = Number(args["baseline-seconds"]);
@@ -123,88 +132,111 @@ try {
     agents.map(async (a) => (await memoryKiB(a.node, await mainPid(a, "gardener-node-agent.service"))).vmRssKiB / 1024),
   );
 
-  // ------------------------------------------------ steady state
-  progress(`steady state: ${STEADY_MINUTES} min with ${n} agents (after 60 s to settle)`);
-  await Bun.sleep(60_000);
-  const s0 = controlPlane();
-  await Bun.sleep(STEADY_MINUTES * 60_000);
-  const s1 = controlPlane();
-  await Bun.sleep(2_000); // the audit log is written after the response
-  const steadyWindow = window(s0, s1);
-  const steadyRequests = agentRequests(s0.at, s1.at).filter((e) => e.verb !== "watch");
-  const steadyWatches = agentRequests(s0.at, s1.at).filter((e) => e.verb === "watch");
-  const steadyRate = steadyRequests.length / steadyWindow.seconds;
-  result.steady = {
-    nodes: n,
-    ...steadyWindow,
-    apiserverRssMiB: s1.apiserverRssMiB,
-    agentRequestsPerSecond: round(steadyRate, 3),
-    watchReopensPerSecond: round(steadyWatches.length / steadyWindow.seconds, 3),
-    byVerbAndResource: byKind(steadyRequests, steadyWindow.seconds),
-    agentRssMiB: summary(agentRss),
-  };
+  if (MODE === "rollout") {
+    const { scenarios, picture } = await rolloutMode({ cluster, agents, secretName, shape: SHAPE, progress });
+    result.mode = "rollout";
+    result.readySignal = "driven by the bench (a heartbeat every 10 s per running node; Unknown for a node powered off): 50 kubelets do not fit on 2 cores";
+    result.scenarios = scenarios;
+    const svg = rolloutSvg(picture, `trellis fleet rollout: ${n} nodes, k = 1, 5, 10 %; a good and a bad change each (${result.date})`);
+    writeFileSync(new URL("../../docs/fleet-rollout.svg", import.meta.url), svg);
+  } else {
 
-  // ------------------------------------------------ rollout
-  progress(`rollout: one file of one unit changes on all ${n} nodes`);
-  text = oscYaml(1, SHAPE);
-  const checksum = sha256Hex(text);
-  const r0 = controlPlane();
-  await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, text) });
-  await waitFor("every node to apply the change", async () => (await annotated(checksum)) === n, 300_000, 200);
-  await Bun.sleep(2_000);
-  const r1 = controlPlane();
-  await Bun.sleep(2_000);
-  const rolloutEvents = agentRequests(r0.at, r1.at);
-  const patches = rolloutEvents.filter((e) => e.verb === "patch" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status"));
-  // The last metadata PATCH of each node in the window is the one that set the checksum annotation.
-  const done = new Map<string, number>();
-  for (const e of patches) done.set(e.user.username, Math.max(done.get(e.user.username) ?? 0, auditMs(e.stageTimestamp)));
-  const doneMs = [...done.values()].map((t) => t - r0.at);
-  const rolloutWindow = window(r0, r1);
-  const rolloutRequests = rolloutEvents.filter((e) => e.verb !== "watch");
-  result.rollout = {
-    ...rolloutWindow,
-    secretKiB: round(text.length / 1024, 1),
-    toNodeAnnotatedMs: summary(doneMs),
-    lastNodeMs: round(Math.max(...doneMs)),
-    agentRequests: rolloutRequests.length,
-    agentRequestsPerNode: round(rolloutRequests.length / n, 2),
-    byVerbAndResource: byKind(rolloutRequests, rolloutWindow.seconds),
-  };
+    // ------------------------------------------------ steady state
+    progress(`steady state: ${STEADY_MINUTES} min with ${n} agents (after 60 s to settle)`);
+    await Bun.sleep(60_000);
+    const s0 = controlPlane();
+    await Bun.sleep(STEADY_MINUTES * 60_000);
+    const s1 = controlPlane();
+    await Bun.sleep(2_000); // the audit log is written after the response
+    const steadyWindow = window(s0, s1);
+    const steadyRequests = agentRequests(s0.at, s1.at).filter((e) => e.verb !== "watch");
+    const steadyWatches = agentRequests(s0.at, s1.at).filter((e) => e.verb === "watch");
+    const steadyRate = steadyRequests.length / steadyWindow.seconds;
+    result.steady = {
+      nodes: n,
+      ...steadyWindow,
+      apiserverRssMiB: s1.apiserverRssMiB,
+      agentRequestsPerSecond: round(steadyRate, 3),
+      watchReopensPerSecond: round(steadyWatches.length / steadyWindow.seconds, 3),
+      byVerbAndResource: byKind(steadyRequests, steadyWindow.seconds),
+      agentRssMiB: summary(agentRss),
+    };
 
-  // ------------------------------------------------ per node, and 5,000 nodes
-  const perNodeRate = steadyRate / n;
-  const perNodeApiserverCores = (steadyWindow.apiserverCores - baseline.apiserverCores) / n;
-  const perNodeEtcdCores = (steadyWindow.etcdCores - baseline.etcdCores) / n;
-  const rolloutCpuPerNode = ((r1.apiserver - r0.apiserver) - baseline.apiserverCores * rolloutWindow.seconds) / n;
-  const secretBytes = Buffer.byteLength(JSON.stringify(secretBody(secretName, text)));
-  // What one agent keeps a watch open on: the distinct resources its watch requests named.
-  const watched = [...new Set(audit.by(agents[0]?.user ?? "").filter((e) => e.verb === "watch").map((e) => e.objectRef?.resource ?? "?"))].sort();
-  const watchesPerAgent = watched.length;
-  result.perNode = {
-    requestsPerSecond: round(perNodeRate, 4),
-    requestsPerHour: round(perNodeRate * 3600, 0),
-    apiserverMillicores: round(perNodeApiserverCores * 1000, 3),
-    etcdMillicores: round(perNodeEtcdCores * 1000, 3),
-    rolloutApiserverCpuMs: round(rolloutCpuPerNode * 1000, 1),
-  };
-  result.extrapolated = {
-    nodes: TARGET,
-    note: "linear in the node count: every agent's requests are its own (no list of all nodes, no shared watch); the API server's own baseline added once",
-    requestsPerSecond: `${round(perNodeRate, 4)} req/s per node × ${TARGET} = ${round(perNodeRate * TARGET, 1)} req/s`,
-    apiserverCores: `${round(baseline.apiserverCores, 3)} idle + ${round(perNodeApiserverCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.apiserverCores + perNodeApiserverCores * TARGET, 2)} cores`,
-    etcdCores: `${round(baseline.etcdCores, 3)} idle + ${round(perNodeEtcdCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.etcdCores + perNodeEtcdCores * TARGET, 2)} cores`,
-    openWatches: `${watchesPerAgent} watches per agent (${watched.join(", ")}) × ${TARGET} = ${watchesPerAgent * TARGET}`,
-    rolloutApiserverCpu: `${round(rolloutCpuPerNode * 1000, 1)} ms per node × ${TARGET} = ${round(rolloutCpuPerNode * TARGET, 1)} CPU-seconds, spread over the rollout`,
-    rolloutWatchBytes: `one watch event with the Secret (${round(secretBytes / 1024, 1)} KiB as JSON) per node × ${TARGET} = ${round((secretBytes * TARGET) / 1048576, 1)} MiB sent by the API server`,
-  };
+    // ------------------------------------------------ rollout
+    progress(`rollout: one file of one unit changes on all ${n} nodes`);
+    text = oscYaml(1, SHAPE);
+    const checksum = sha256Hex(text);
+    const r0 = controlPlane();
+    await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, text) });
+    await waitFor("every node to apply the change", async () => (await annotated(checksum)) === n, 300_000, 200);
+    await Bun.sleep(2_000);
+    const r1 = controlPlane();
+    await Bun.sleep(2_000);
+    const rolloutEvents = agentRequests(r0.at, r1.at);
+    const patches = rolloutEvents.filter((e) => e.verb === "patch" && e.objectRef?.resource === "nodes" && !e.requestURI.includes("/status"));
+    // The last metadata PATCH of each node in the window is the one that set the checksum annotation.
+    const done = new Map<string, number>();
+    for (const e of patches) done.set(e.user.username, Math.max(done.get(e.user.username) ?? 0, auditMs(e.stageTimestamp)));
+    const doneMs = [...done.values()].map((t) => t - r0.at);
+    const rolloutWindow = window(r0, r1);
+    const rolloutRequests = rolloutEvents.filter((e) => e.verb !== "watch");
+    result.rollout = {
+      ...rolloutWindow,
+      secretKiB: round(text.length / 1024, 1),
+      toNodeAnnotatedMs: summary(doneMs),
+      lastNodeMs: round(Math.max(...doneMs)),
+      agentRequests: rolloutRequests.length,
+      agentRequestsPerNode: round(rolloutRequests.length / n, 2),
+      byVerbAndResource: byKind(rolloutRequests, rolloutWindow.seconds),
+    };
+
+    // ------------------------------------------------ per node, and 5,000 nodes
+    const perNodeRate = steadyRate / n;
+    const perNodeApiserverCores = (steadyWindow.apiserverCores - baseline.apiserverCores) / n;
+    const perNodeEtcdCores = (steadyWindow.etcdCores - baseline.etcdCores) / n;
+    const rolloutCpuPerNode = ((r1.apiserver - r0.apiserver) - baseline.apiserverCores * rolloutWindow.seconds) / n;
+    const secretBytes = Buffer.byteLength(JSON.stringify(secretBody(secretName, text)));
+    // What one agent keeps a watch open on: the distinct resources its watch requests named.
+    const watched = [...new Set(audit.by(agents[0]?.user ?? "").filter((e) => e.verb === "watch").map((e) => e.objectRef?.resource ?? "?"))].sort();
+    const watchesPerAgent = watched.length;
+    result.perNode = {
+      requestsPerSecond: round(perNodeRate, 4),
+      requestsPerHour: round(perNodeRate * 3600, 0),
+      apiserverMillicores: round(perNodeApiserverCores * 1000, 3),
+      etcdMillicores: round(perNodeEtcdCores * 1000, 3),
+      rolloutApiserverCpuMs: round(rolloutCpuPerNode * 1000, 1),
+    };
+    result.extrapolated = {
+      nodes: TARGET,
+      note: "linear in the node count: every agent's requests are its own (no list of all nodes, no shared watch); the API server's own baseline added once",
+      requestsPerSecond: `${round(perNodeRate, 4)} req/s per node × ${TARGET} = ${round(perNodeRate * TARGET, 1)} req/s`,
+      apiserverCores: `${round(baseline.apiserverCores, 3)} idle + ${round(perNodeApiserverCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.apiserverCores + perNodeApiserverCores * TARGET, 2)} cores`,
+      etcdCores: `${round(baseline.etcdCores, 3)} idle + ${round(perNodeEtcdCores * 1000, 3)} m per node × ${TARGET} = ${round(baseline.etcdCores + perNodeEtcdCores * TARGET, 2)} cores`,
+      openWatches: `${watchesPerAgent} watches per agent (${watched.join(", ")}) × ${TARGET} = ${watchesPerAgent * TARGET}`,
+      rolloutApiserverCpu: `${round(rolloutCpuPerNode * 1000, 1)} ms per node × ${TARGET} = ${round(rolloutCpuPerNode * TARGET, 1)} CPU-seconds, spread over the rollout`,
+      rolloutWatchBytes: `one watch event with the Secret (${round(secretBytes / 1024, 1)} KiB as JSON) per node × ${TARGET} = ${round((secretBytes * TARGET) / 1048576, 1)} MiB sent by the API server`,
+    };
+  }
 } finally {
   progress(`stopping ${agents.length} nodes`);
   for (const a of [...agents].reverse()) await a.node.stop().catch((err: unknown) => console.error(`stopping ${a.name}: ${String(err)}`));
   await cluster.stop();
 }
 
-const saved = saveResult("fleet", result, result.date as string);
+const saved = saveResult(MODE === "rollout" ? "fleet-rollout" : "fleet", result, result.date as string);
+if (MODE === "rollout") {
+  const scenarios = result.scenarios as ScenarioResult[];
+  console.error(
+    [
+      "",
+      `${"scenario".padEnd(22)} ${"k".padStart(3)} ${"nodes".padStart(5)} ${"max slot holders".padStart(16)} ${"max disrupted".padStart(13)} ${"nodes touched".padStart(13)} ${"duration".padStart(9)} ${"N/k × per node".padStart(15)}`,
+      ...scenarios.map((x) => `${x.name.padEnd(22)} ${String(x.k).padStart(3)} ${String(x.nodes).padStart(5)} ${String(x.maxConcurrentSlotHolders).padStart(16)} ${String(x.maxConcurrentlyDisrupted).padStart(13)} ${String(x.nodesTouched).padStart(13)} ${`${x.durationS} s`.padStart(9)} ${x.idealS !== undefined ? `${x.idealS} s (${x.perNodeS} s)`.padStart(15) : "".padStart(15)}`),
+      ...scenarios.flatMap((x) => x.notes.map((note) => `  ${x.name}: ${note}`)),
+      `written to ${saved} and docs/fleet-rollout.svg`,
+    ].join("\n"),
+  );
+  process.exit(0);
+}
 const r = result as { steady: { nodes: number; agentRequestsPerSecond: number; apiserverCores: number; etcdCores: number }; baseline: { apiserverCores: number }; rollout: { lastNodeMs: number; toNodeAnnotatedMs: { median: number } }; extrapolated: Record<string, string> };
 console.error(
   [

@@ -34,7 +34,7 @@ describe("the agent follows the OSC Secret", () => {
     const node = await waitApplied(agent, checksum);
     expect(await agent.node.readFile("/etc/web/index.html")).toBe("<h1>v1</h1>\n");
     expect((await agent.node.exec(["systemctl", "is-active", "web.service", "ticker.service"])).stdout).toBe("active\nactive\n");
-    expect(node.metadata?.labels).toMatchObject({ "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "" });
+    expect(node.metadata?.labels).toMatchObject({ "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "", "worker.gardener.cloud/gardener-node-agent-secret-name": secretName });
     // The annotation is patched first; the event and the condition follow.
     const applied = await waitFor("the OSCApplied event", async () => (await nodeEvents(agent)).find((e) => e.reason === "OSCApplied"));
     expect(applied.message).toContain(`Applied OSC ${checksum.slice(0, 12)}`);

@@ -4,8 +4,9 @@
 # The version is pinned by gna/go.mod (the only place it is written). Built like Gardener's release:
 # -trimpath, stripped, the version stamped where Gardener's build puts it (k8s.io/component-base).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")/gna" && pwd)
-version=$(awk '($1=="require" && $2=="github.com/gardener/gardener") || $1=="github.com/gardener/gardener" {print ($1=="require" ? $3 : $2)}' "$here/go.mod" | head -1)
+version=$(pinned_gardener "$here/go.mod")
 [[ -n $version ]] || { echo "build.sh: cannot read the pinned gardener version from gna/go.mod" >&2; exit 1; }
 cache=${TRELLIS_CACHE:-$HOME/.cache/trellis}/peer-gna-$version
 bin=$cache/gardener-node-agent
@@ -15,9 +16,7 @@ flock 9
 if [[ ! -x $bin ]]; then
   t0=$SECONDS
   echo "building gardener-node-agent $version into $cache (several minutes on 2 cores) ..." >&2
-  (cd "$here" && go build -mod=mod -trimpath \
-    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$version")" \
-    -o "$bin.tmp" github.com/gardener/gardener/cmd/gardener-node-agent)
+  (cd "$here" && go build -mod=mod -trimpath -ldflags "$(gardener_ldflags "$version")" -o "$bin.tmp" github.com/gardener/gardener/cmd/gardener-node-agent)
   mv "$bin.tmp" "$bin"
   echo "built gardener-node-agent in $((SECONDS - t0)) s" >&2
 fi

@@ -6,9 +6,9 @@
 # (k8s.io/component-base), because it names the agent's config file (config-<version>.yaml) and tags its image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-pinned() { awk '($1=="require" && $2=="github.com/gardener/gardener") || $1=="github.com/gardener/gardener" {print ($1=="require" ? $3 : $2)}' "$1" | head -1; }
-version=$(pinned "$here/osc-render/go.mod")
-peer=$(pinned "$here/gna/go.mod")
+source "$here/lib.sh"
+version=$(pinned_gardener "$here/osc-render/go.mod")
+peer=$(pinned_gardener "$here/gna/go.mod")
 [[ -n $version && $version == "$peer" ]] || { echo "osc-render.sh: osc-render/go.mod pins gardener '$version', gna/go.mod '$peer': make them agree" >&2; exit 1; }
 cache=${TRELLIS_CACHE:-$HOME/.cache/trellis}/peer-gna-$version
 bin=$cache/osc-render-$(cat "$here/osc-render/main.go" "$here/osc-render/go.mod" "$here/osc-render/go.sum" | sha256sum | cut -c1-12)
@@ -19,9 +19,7 @@ if [[ ! -x $bin ]]; then
   if [[ ! -x $bin ]]; then
     t0=$SECONDS
     echo "building osc-render (gardener $version) into $cache (minutes on 2 cores with a cold Go build cache) ..." >&2
-    (cd "$here/osc-render" && go build -mod=readonly -trimpath \
-      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$version")" \
-      -o "$bin.tmp" .)
+    (cd "$here/osc-render" && go build -mod=readonly -trimpath -ldflags "$(gardener_ldflags "$version")" -o "$bin.tmp" .)
     mv "$bin.tmp" "$bin"
     echo "built osc-render in $((SECONDS - t0)) s" >&2
   fi

@@ -1,7 +1,7 @@
 // containerd's configuration from spec.criConfig (src/plan/containerd.ts), against the real default
 // configs of containerd 1.6 (version 2), 2.1 (version 3) and 2.3 (version 4) in test/fixtures/containerd/
 // (README.md there says where each comes from). Pure: no containerd runs here; the e2e test
-// test/e2e/containerd-config.test.ts has a real containerd accept what this produces.
+// test/integration/containerd-config.test.ts has a real containerd accept what this produces.
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { parse, stringify } from "smol-toml";

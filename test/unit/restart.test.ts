@@ -1,4 +1,4 @@
-// Which units the restart annotation asks for (the controller itself runs e2e: test/e2e/restart.test.ts).
+// Which units the restart annotation asks for (the controller against real components: test/integration/restart.test.ts).
 import { expect, test } from "bun:test";
 import { requestedUnits } from "../../src/controllers/restart.ts";
 

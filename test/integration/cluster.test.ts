@@ -133,7 +133,7 @@ async function newCsr(cn: string, org: string): Promise<{ csrPem: string; keyPem
 }
 
 function approved(csr: V1CertificateSigningRequest): V1CertificateSigningRequest {
-  const condition = { type: "Approved", status: "True", reason: "E2ETest", message: "approved by test/e2e/cluster.test.ts" };
+  const condition = { type: "Approved", status: "True", reason: "E2ETest", message: "approved by test/integration/cluster.test.ts" };
   return { ...csr, status: { ...csr.status, conditions: [...(csr.status?.conditions ?? []), condition] } };
 }
 

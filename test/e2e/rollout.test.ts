@@ -1,0 +1,274 @@
+// Fleet rollouts with real kubelets: three bare machines brought up by the compiled trellis with the OSC
+// Gardener renders for one pool (test/harness/worker.ts), then the pool's Secret gets a disruption budget
+// of one node, a short settle time and rollback (rollout.trellis.dev/ annotations).
+// - A bad setting is refused on every node, naming it, and nothing changes.
+// - A good change of kubelet's configuration walks through the three nodes one at a time: each node's
+//   kubelet restarts only while it holds the one slot, and gives it back only once its Node is Ready
+//   again as the new kubelet reports it (every version of the slot Lease, from a watch).
+// - A change that breaks kubelet (failCgroupV1: true, which kubelet refuses on this cgroup v1 host) stops
+//   at the first node: its gate fails, it rolls back and is Ready again on the last good OSC; the other
+//   two never restart kubelet and say the rollout is stopped; `trellis rollout status` shows it.
+// - A fixed change goes on through all three.
+// - Selection and windows: a paused node and nodes outside the canary selector take nothing new; outside
+//   every maintenance window a change that restarts nothing goes at once, one that restarts kubelet waits.
+// - Requested kubelet restarts (worker.gardener.cloud/restart-systemd-services) on two nodes at once go
+//   through the same budget: one after the other.
+// - Layering: an overlay of rank node in the same Secret changes kubelet's maxPods on one node only (its
+//   Node's capacity says so); `trellis plan --labels` names every entry's layer.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { Buffer } from "node:buffer";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { parse, stringify } from "yaml";
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease, Watch } from "@kubernetes/client-node";
+import { pausedLabel, rolloutKeys } from "../../src/api/rollout.ts";
+import { rolloutConditionType } from "../../src/controllers/rollout.ts";
+import { slotPoolLabel } from "../../src/kube/slots.ts";
+import { nodeEvents, putOscSecret, readNode, unitProperty, waitApplied } from "../harness/agent.ts";
+import { upstream } from "../harness/bare-node.ts";
+import { trellisBinary } from "../harness/binary.ts";
+import { mirrorHostsToml } from "../harness/kubelet-config.ts";
+import { run, runOk, waitFor } from "../harness/exec.ts";
+import { workerOsc } from "../harness/worker-osc.ts";
+import { bringUpWorker, startWorkerWorld, type Worker, type WorkerWorld } from "../harness/worker.ts";
+
+let world: WorkerWorld;
+const workers: Worker[] = [];
+const settings = { [rolloutKeys.maxDisrupted]: "1", [rolloutKeys.settleTime]: "5s", [rolloutKeys.healthTimeout]: "40s", [rolloutKeys.rollback]: "true" };
+/** Every version of the pool's slot Leases, with the host's wall clock when it arrived. */
+const versions: { at: number; lease: V1Lease }[] = [];
+let watch: AbortController | undefined;
+
+beforeAll(async () => {
+  world = await startWorkerWorld();
+  for (let i = 0; i < 3; i++) workers.push(await bringUpWorker(world, `roll${i}`));
+  const secretName = workers[0]?.secretName as string;
+  watch = await new Watch(world.cluster.admin()).watch(
+    "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+    { labelSelector: `${slotPoolLabel}=${secretName}` },
+    (_t: string, lease: V1Lease) => {
+      versions.push({ at: Date.now(), lease });
+    },
+    () => {},
+  );
+}, 600_000);
+
+afterAll(async () => {
+  watch?.abort();
+  for (const w of workers) await w.bare.stop();
+  await world?.stop();
+}, 120_000);
+
+const first = () => workers[0] as Worker;
+const put = (osc: string, annotations: Record<string, string>) => putOscSecret(world.cluster, first().secretName, osc, annotations);
+const rendered = async (changes: Parameters<typeof workerOsc>[0] extends infer T ? Partial<T> : never) => (await workerOsc({ ...first().input, ...changes })).osc;
+const kubeletStart = async (w: Worker) => Number(await unitProperty(w.bare.node, "kubelet.service", "ExecMainStartTimestamp").then((t) => Date.parse(t)));
+const rolloutCondition = async (w: Worker) => (await readNode(w.bare)).status?.conditions?.find((c) => c.type === rolloutConditionType);
+
+/** Holder periods of the slot from the watched Lease versions: [node, from, to] in wall-clock ms. */
+function holdPeriods(since: number): [string, number, number][] {
+  const periods: [string, number, number][] = [];
+  let holder = "";
+  let from = 0;
+  for (const { at, lease } of versions.filter((v) => v.at >= since)) {
+    const now = lease.spec?.holderIdentity ?? "";
+    if (now === holder) continue;
+    if (holder) periods.push([holder, from, at]);
+    [holder, from] = [now, at];
+  }
+  if (holder) periods.push([holder, from, Number.POSITIVE_INFINITY]);
+  return periods;
+}
+
+describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, rollback)", () => {
+  let goodChecksum = "";
+
+  test("a bad setting is refused on every node, naming the annotation; nothing changes", async () => {
+    const osc = await rendered({});
+    await put(osc, { ...settings, [rolloutKeys.windows]: "Mon-Fri 22:00-06:00 Europe/Atlantis" });
+    for (const w of workers) {
+      const e = await waitFor(`${w.bare.name}: OSCInvalid`, async () => (await nodeEvents(w.bare)).find((x) => x.reason === "OSCInvalid" && x.message?.includes(rolloutKeys.windows)), 60_000, 250);
+      expect(e.message).toContain('"Europe/Atlantis" is not a time zone');
+    }
+    await put(osc, settings);
+  }, 120_000);
+
+  test("a good change walks through the pool one node at a time, each slot given back only after the node is Ready again", async () => {
+    const since = Date.now();
+    const before = await Promise.all(workers.map(kubeletStart));
+    goodChecksum = await put(await rendered({ maxPods: 60 }), settings);
+    for (const w of workers) await waitApplied(w.bare, goodChecksum, 180_000);
+    // Each gate passes (the last one's release follows its annotation).
+    for (const w of workers) await waitFor(`${w.bare.name}: gate passed`, async () => ((await rolloutCondition(w))?.reason === "HealthGatePassed" ? true : undefined), 60_000, 250);
+    const periods = holdPeriods(since);
+    expect(periods.map(([n]) => n).sort()).toEqual(workers.map((w) => w.bare.name).sort());
+    for (let i = 1; i < periods.length; i++) expect((periods[i] as [string, number, number])[1]).toBeGreaterThanOrEqual((periods[i - 1] as [string, number, number])[2]);
+    for (const [i, w] of workers.entries()) {
+      const restarted = await kubeletStart(w);
+      expect(restarted).toBeGreaterThan(before[i] as number);
+      const [, from, to] = periods.find(([n]) => n === w.bare.name) as [string, number, number];
+      // kubelet restarted while this node held the slot (1 s: the watch's delivery and the second-precision of systemd's timestamp)…
+      expect(restarted).toBeGreaterThanOrEqual(from - 1000);
+      expect(restarted).toBeLessThanOrEqual(to);
+      // …and the slot went back only after the settle time with the new kubelet running.
+      expect(to - restarted).toBeGreaterThanOrEqual(5000);
+      const passed = (await nodeEvents(w.bare)).find((e) => e.reason === "RolloutHealthGatePassed" && e.message?.includes(goodChecksum.slice(0, 12)));
+      expect(passed?.message).toContain("kubelet.service");
+    }
+  }, 300_000);
+
+  test("a change that breaks kubelet stops at the first node, which rolls back and is Ready again; the others never restart kubelet", async () => {
+    const since = Date.now();
+    const before = await Promise.all(workers.map(kubeletStart));
+    const bad = await put(await rendered({ maxPods: 60, kubeletConfig: { failCgroupV1: true } }), settings);
+    const failed = await waitFor("a node whose gate failed", async () => {
+      for (const w of workers) if ((await nodeEvents(w.bare)).some((e) => e.reason === "RolloutHealthGateFailed" && e.message?.includes(bad.slice(0, 12)))) return w;
+      return undefined;
+    }, 120_000, 500);
+    const others = workers.filter((w) => w !== failed);
+    const gateFailed = (await nodeEvents(failed.bare)).find((e) => e.reason === "RolloutHealthGateFailed");
+    expect(gateFailed?.message).toMatch(/kubelet/);
+    expect(gateFailed?.message).toContain("rolling back to the last good OSC");
+    // Back on the last good OSC and healthy: its slot is free again.
+    await waitFor(`${failed.bare.name} rolled back and healthy`, async () => ((await rolloutCondition(failed))?.reason === "RolledBack" ? true : undefined), 120_000, 250);
+    await waitApplied(failed.bare, goodChecksum, 10_000);
+    expect((await readNode(failed.bare)).status?.conditions?.find((c) => c.type === "Ready")?.status).toBe("True");
+    expect(await unitProperty(failed.bare.node, "kubelet.service", "ActiveState")).toBe("active");
+    // The others hold back: the failure is recorded on the slot.
+    for (const w of others) {
+      await waitFor(`${w.bare.name}: rollout stopped`, async () => ((await rolloutCondition(w))?.reason === "RolloutStopped" ? true : undefined), 120_000, 250);
+      expect((await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"]).toBe(goodChecksum);
+      expect(await kubeletStart(w)).toBe(before[workers.indexOf(w)] as number);
+    }
+    expect(holdPeriods(since).map(([n]) => n)).toEqual([failed.bare.name]);
+
+    // What an operator sees.
+    const kubeconfig = world.cluster.adminKubeconfig;
+    const report = JSON.parse(await runOk([await trellisBinary(), "rollout", "status", "--secret", first().secretName, "--kubeconfig", kubeconfig, "--json"]));
+    expect(report.checksum).toBe(bad);
+    expect(report.slots.stoppedBy.failure).toContain(failed.bare.name);
+    expect(report.counts).toMatchObject({ failed: 1, waiting: 2, updated: 0, holding: 0 });
+    const text = await runOk([await trellisBinary(), "rollout", "status", "--secret", first().secretName, "--kubeconfig", kubeconfig]);
+    expect(text).toContain("STOPPED: this OSC failed its health gate");
+    console.log(`trellis rollout status, the bad change stopped:\n${text}`);
+  }, 300_000);
+
+  test("a fixed change goes on through all three, the rolled-back node included", async () => {
+    const fixed = await put(await rendered({ maxPods: 70 }), settings);
+    for (const w of workers) await waitApplied(w.bare, fixed, 180_000);
+    for (const w of workers) await waitFor(`${w.bare.name}: gate passed`, async () => ((await rolloutCondition(w))?.reason === "HealthGatePassed" ? true : undefined), 60_000, 250);
+    const report = JSON.parse(await runOk([await trellisBinary(), "rollout", "status", "--secret", first().secretName, "--kubeconfig", world.cluster.adminKubeconfig, "--json"]));
+    expect(report.counts).toMatchObject({ updated: 3, failed: 0, waiting: 0 });
+    fixedInput = { maxPods: 70 };
+  }, 300_000);
+
+  test("selection and windows: a paused node and nodes outside the canary take nothing new; outside every window only a change that restarts nothing goes", async () => {
+    const [a, b, c] = workers as [Worker, Worker, Worker];
+    await setLabel(c, pausedLabel, "true");
+    const notToday = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"][(new Date().getUTCDay() + 3) % 7] as string;
+    const closed = { ...settings, [rolloutKeys.canary]: `kubernetes.io/hostname=${a.bare.name}`, [rolloutKeys.windows]: `${notToday} 00:00-01:00 UTC` };
+    const startsBefore = await Promise.all(workers.map(kubeletStart));
+
+    // A file no unit lists: a goes at once though no window is open; b is not in the canary, c is paused.
+    const quiet = await put(await rendered({ ...fixedInput, extraFile: "v1\n" }), closed);
+    await waitApplied(a.bare, quiet, 60_000);
+    await waitFor("b not selected", async () => ((await rolloutCondition(b))?.reason === "NotSelected" ? true : undefined), 60_000, 250);
+    await waitFor("c paused", async () => ((await rolloutCondition(c))?.reason === "Paused" ? true : undefined), 60_000, 250);
+
+    // A kubelet change waits for a window on a, while it is closed.
+    const loud = await put(await rendered({ ...fixedInput, maxPods: 80, extraFile: "v1\n" }), closed);
+    const waiting = await waitFor("a outside the window", async () => {
+      const cond = await rolloutCondition(a);
+      return cond?.reason === "OutsideMaintenanceWindow" ? cond : undefined;
+    }, 60_000, 250);
+    expect(waiting.message).toContain(`next: `);
+    expect(await kubeletStart(a)).toBe(startsBefore[0] as number);
+
+    // The window opens (it is now always open): a goes; b and c still wait.
+    await put(await rendered({ ...fixedInput, maxPods: 80, extraFile: "v1\n" }), { ...closed, [rolloutKeys.windows]: "daily 00:00-24:00 Europe/Berlin" });
+    await waitApplied(a.bare, loud, 120_000);
+    expect(await kubeletStart(a)).toBeGreaterThan(startsBefore[0] as number);
+    for (const [i, w] of [[1, b], [2, c]] as const) {
+      expect((await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"]).not.toBe(loud);
+      expect(await kubeletStart(w)).toBe(startsBefore[i] as number);
+    }
+
+    // Canary widened (removed) and c resumed: both follow, one at a time.
+    await setLabel(c, pausedLabel, null);
+    await put(await rendered({ ...fixedInput, maxPods: 80, extraFile: "v1\n" }), settings);
+    for (const w of [b, c]) await waitApplied(w.bare, loud, 180_000);
+  }, 400_000);
+
+  test("requested kubelet restarts go through the budget: two nodes asked at once restart one after the other, each after the previous passed its gate", async () => {
+    const [a, b] = workers as [Worker, Worker];
+    for (const w of workers) await waitFor(`${w.bare.name}: gate passed`, async () => ((await rolloutCondition(w))?.reason === "HealthGatePassed" ? true : undefined), 60_000, 250);
+    const since = Date.now();
+    const before = await Promise.all([a, b].map(kubeletStart));
+    await Promise.all([a, b].map((w) => setAnnotation(w, "worker.gardener.cloud/restart-systemd-services", "kubelet")));
+    const after = await waitFor("both kubelets restarted", async () => {
+      const now = await Promise.all([a, b].map(kubeletStart));
+      return now.every((t, i) => t > (before[i] as number)) ? now : undefined;
+    }, 180_000, 250);
+    const periods = holdPeriods(since);
+    expect(periods.map(([n]) => n).sort()).toEqual([a.bare.name, b.bare.name].sort());
+    const [firstHold, secondHold] = periods as [[string, number, number], [string, number, number]];
+    const second = after[[a, b].findIndex((w) => w.bare.name === secondHold[0])] as number;
+    // The second kubelet restarted only after the first node gave the slot back (its gate passed: ≥ the settle time).
+    expect(second).toBeGreaterThanOrEqual(firstHold[2] - 1000);
+    expect(firstHold[2] - firstHold[1]).toBeGreaterThanOrEqual(5000);
+    await waitFor("the slot given back", async () => (holdPeriods(since).at(-1)?.[2] !== Number.POSITIVE_INFINITY ? true : undefined), 60_000, 250);
+  }, 300_000);
+
+  test("an overlay for one node changes kubelet's configuration there only; `trellis plan` names each entry's layer", async () => {
+    const [a, b, c] = workers as [Worker, Worker, Worker];
+    const osc = await rendered({ ...fixedInput, maxPods: 80, extraFile: "v1\n" });
+    const doc = parse(osc);
+    const kubeletFile = doc.spec.files.find((f: { path: string }) => f.path === "/var/lib/kubelet/config/kubelet");
+    const config = Buffer.from(kubeletFile.content.inline.data, "base64").toString("utf8");
+    expect(config).toContain("maxPods: 80");
+    const overridden = { ...kubeletFile, content: { inline: { encoding: "b64", data: Buffer.from(config.replace("maxPods: 80", "maxPods: 90")).toString("base64") } } };
+    const overlay = stringify({ rank: "node", selector: `kubernetes.io/hostname=${a.bare.name}`, files: [overridden] });
+    const before = await Promise.all(workers.map(kubeletStart));
+    const base = await put(osc, settings);
+    await world.cluster.admin().makeApiClient(CoreV1Api).patchNamespacedSecret(
+      { name: first().secretName, namespace: "kube-system", body: { data: { "overlay-big-node.yaml": Buffer.from(overlay).toString("base64") } } },
+      setHeaderOptions("Content-Type", PatchStrategy.MergePatch),
+    );
+    const node = await waitFor(`${a.bare.name} with 90 pods`, async () => {
+      const n = await readNode(a.bare);
+      return n.status?.capacity?.pods === "90" && n.metadata?.annotations?.["trellis.dev/effective-checksum"] ? n : undefined;
+    }, 120_000, 250);
+    // Gardener's annotation still names osc.yaml; the layered checksum is trellis's own.
+    expect(node.metadata?.annotations?.["checksum/cloud-config-data"]).toBe(base);
+    expect(node.metadata?.annotations?.["trellis.dev/effective-checksum"]).not.toBe(base);
+    expect(await kubeletStart(a)).toBeGreaterThan(before[0] as number);
+    for (const [i, w] of [[1, b], [2, c]] as const) {
+      expect((await readNode(w.bare)).status?.capacity?.pods).toBe("80");
+      expect(await kubeletStart(w)).toBe(before[i] as number);
+    }
+
+    // Offline: the Secret as kubectl prints it, planned for a's labels on an empty root.
+    const secret = await world.cluster.admin().makeApiClient(CoreV1Api).readNamespacedSecret({ name: first().secretName, namespace: "kube-system" });
+    const dir = mkdtempSync(`${tmpdir()}/trellis-layers-`);
+    writeFileSync(`${dir}/secret.yaml`, stringify({ apiVersion: "v1", kind: "Secret", metadata: { name: secret.metadata?.name }, data: secret.data }));
+    // The machine image's mirror, through which plan pulls the OSC's imageRef files (kubelet, the agent).
+    mkdirSync(`${dir}/root/etc/containerd/certs.d/${upstream}`, { recursive: true });
+    writeFileSync(`${dir}/root/etc/containerd/certs.d/${upstream}/hosts.toml`, mirrorHostsToml(upstream, world.registry.host));
+    const planned = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `kubernetes.io/hostname=${a.bare.name}`]);
+    expect(planned.stderr).toBe("");
+    expect(planned.stdout).toContain("layers:");
+    expect(planned.stdout).toContain("file /var/lib/kubelet/config/kubelet: overlay-big-node.yaml (node)");
+    expect(planned.stdout).toContain("unit kubelet.service: osc.yaml");
+    const other = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `kubernetes.io/hostname=${b.bare.name}`]);
+    expect(other.stdout).toContain("file /var/lib/kubelet/config/kubelet: osc.yaml");
+  }, 300_000);
+});
+
+let fixedInput: { maxPods: number } = { maxPods: 70 };
+
+async function setLabel(w: Worker, key: string, value: string | null): Promise<void> {
+  await world.cluster.admin().makeApiClient(CoreV1Api).patchNode({ name: w.bare.name, body: { metadata: { labels: { [key]: value } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+}
+async function setAnnotation(w: Worker, key: string, value: string): Promise<void> {
+  await world.cluster.admin().makeApiClient(CoreV1Api).patchNode({ name: w.bare.name, body: { metadata: { annotations: { [key]: value } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+}
