@@ -1,9 +1,10 @@
-// The health gate after a disruptive change: the node must show, continuously for the settle time,
+// The health gate after a disruptive change: the node must show, continuously for the settle time (in
+// this order, so that a failure names the most telling check),
+// - every unit the change restarted active (a unit cycling through auto-restart is not);
 // - Node Ready as kubelet reports it (if the change restarted kubelet: reported by the kubelet running
 //   now, i.e. a heartbeat since its process became active, not the old kubelet's last word; a kubelet
 //   that runs but stops reporting is caught once the Node's grace period marks it NotReady, which the
 //   default settle time of 60 s outlasts);
-// - every unit the change restarted active (a unit cycling through auto-restart is not);
 // - every unit of the OSC healthy, as SystemdUnitsReady judges them (computed now, not the condition,
 //   which is refreshed only every syncPeriod);
 // - the Secret's probe, if it has one (HTTP 2xx/3xx, or a command exiting 0, within its time limit).
@@ -29,16 +30,6 @@ export type HealthCheckDeps = {
 
 /** One look at the node's health after a change that restarted `units`. */
 export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutSettings, "probe" | "probeTimeoutMs">, change: { units: string[] }): Promise<GateVerdict> {
-  const node = deps.node();
-  const ready = node?.status?.conditions?.find((c) => c.type === "Ready");
-  if (!node) return { healthy: false, check: "Node: not registered" };
-  if (ready?.status !== "True") return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}` };
-  if (change.units.includes("kubelet.service")) {
-    const started = (await deps.unitStatus("kubelet.service")).activeEnterTimestamp?.getTime();
-    // Heartbeats have whole seconds.
-    const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
-    if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };
-  }
   const owned = await deps.ownedUnits();
   const now = deps.now();
   for (const unit of change.units) {
@@ -49,6 +40,16 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
     if (verdict.health !== "healthy" || s.subState === "auto-restart") {
       return { healthy: false, check: `unit ${unit}: ${s.subState === "auto-restart" ? "restarting after a failure (auto-restart)" : verdict.why ?? `${s.activeState} (${s.subState})`}` };
     }
+  }
+  const node = deps.node();
+  const ready = node?.status?.conditions?.find((c) => c.type === "Ready");
+  if (!node) return { healthy: false, check: "Node: not registered" };
+  if (ready?.status !== "True") return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}` };
+  if (change.units.includes("kubelet.service")) {
+    const started = (await deps.unitStatus("kubelet.service")).activeEnterTimestamp?.getTime();
+    // Heartbeats have whole seconds.
+    const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
+    if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };
   }
   const verdicts = [];
   for (const [unit, want] of Object.entries(owned)) verdicts.push(assessUnit(unit, want, await deps.unitStatus(unit), deps.stuckThresholdMs, now));

@@ -271,7 +271,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       }
     }
     const admitted = await takeSlot("osc", o);
-    if (!admitted.go) return wait(admitted.reason, `OSC ${short} restarts ${o.disrupted.join(", ")} and waits: ${admitted.message}`, admitted.retryAtMs);
+    if (!admitted.go) return wait(admitted.reason, admitted.reason === "RolloutStopped" ? admitted.message : `OSC ${short} restarts ${o.disrupted.join(", ")} and waits: ${admitted.message}`, admitted.retryAtMs);
     return admitted;
   }
 

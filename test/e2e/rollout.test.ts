@@ -20,7 +20,7 @@ import { Buffer } from "node:buffer";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { parse, stringify } from "yaml";
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease, Watch } from "@kubernetes/client-node";
+import { CoordinationV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease, Watch } from "@kubernetes/client-node";
 import { pausedLabel, rolloutKeys } from "../../src/api/rollout.ts";
 import { rolloutConditionType } from "../../src/controllers/rollout.ts";
 import { slotPoolLabel } from "../../src/kube/slots.ts";
@@ -83,15 +83,31 @@ function holdPeriods(since: number): [string, number, number][] {
 describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, rollback)", () => {
   let goodChecksum = "";
 
-  test("a bad setting is refused on every node, naming the annotation; nothing changes", async () => {
+  test("bad settings are refused on every node, naming the annotation; nothing changes", async () => {
     const osc = await rendered({});
+    const starts = await Promise.all(workers.map(kubeletStart));
     await put(osc, { ...settings, [rolloutKeys.windows]: "Mon-Fri 22:00-06:00 Europe/Atlantis" });
     for (const w of workers) {
       const e = await waitFor(`${w.bare.name}: OSCInvalid`, async () => (await nodeEvents(w.bare)).find((x) => x.reason === "OSCInvalid" && x.message?.includes(rolloutKeys.windows)), 60_000, 250);
       expect(e.message).toContain('"Europe/Atlantis" is not a time zone');
     }
-    await put(osc, settings);
-  }, 120_000);
+    // More nodes than the pool has: a change that needs a slot is refused with a Warning naming the setting.
+    const tooMany = await put(await rendered({ maxPods: 65 }), { ...settings, [rolloutKeys.maxDisrupted]: "4" });
+    for (const w of workers) {
+      const e = await waitFor(`${w.bare.name}: RolloutInvalidSetting`, async () => (await nodeEvents(w.bare)).find((x) => x.reason === "RolloutInvalidSetting"), 60_000, 250);
+      expect(e.type).toBe("Warning");
+      expect(e.message).toContain(`annotation ${rolloutKeys.maxDisrupted}: 4 is more than the pool's 3 node(s)`);
+      expect((await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"]).not.toBe(tooMany);
+    }
+    expect(await Promise.all(workers.map(kubeletStart))).toEqual(starts);
+    // Valid settings again: the pool settles on the OSC (rendered as node 0 reaches the API server).
+    const settled = await put(osc, settings);
+    for (const w of workers) await waitApplied(w.bare, settled, 120_000);
+    await waitFor("every slot free", async () => {
+      const leases = await world.cluster.admin().makeApiClient(CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotPoolLabel}=${first().secretName}` });
+      return leases.items.every((l) => !l.spec?.holderIdentity) ? true : undefined;
+    }, 120_000, 250);
+  }, 300_000);
 
   test("a good change walks through the pool one node at a time, each slot given back only after the node is Ready again", async () => {
     const since = Date.now();

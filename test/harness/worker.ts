@@ -98,6 +98,9 @@ export async function bringUpWorker(world: WorkerWorld, prefix: string, o: Worke
     ]);
     return { bare, secretName, checksum, input, startedMs, csrSeenMs, readyMs, appliedMs };
   } catch (err) {
+    // What the node was doing, before it goes: the test's error alone says only what did not happen.
+    const journal = await bare.node.exec(["journalctl", "--no-pager", "-o", "short-monotonic", "-n", "60", "-u", "gardener-node-init", "-u", "gardener-node-agent", "-u", "kubelet", "-u", "containerd"]).catch(() => undefined);
+    console.error(`bringUpWorker(${prefix}) failed on ${bare.name}; its journal (last 60 lines of init, agent, kubelet, containerd):\n${journal?.stdout ?? "(unreadable)"}`);
     await bare.stop();
     throw err;
   }
