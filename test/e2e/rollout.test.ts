@@ -13,8 +13,9 @@
 //   every maintenance window a change that restarts nothing goes at once, one that restarts kubelet waits.
 // - Requested kubelet restarts (worker.gardener.cloud/restart-systemd-services) on two nodes at once go
 //   through the same budget: one after the other.
-// - Layering: an overlay of rank node in the same Secret changes kubelet's maxPods on one node only (its
-//   Node's capacity says so); `trellis plan --labels` names every entry's layer.
+// - Layering: an overlay of rank node in the same Secret changes kubelet's maxPods on the labelled node
+//   only (its Node's capacity says so), and on a second node once that is labelled too; `trellis plan
+//   --labels` names every entry's layer.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
@@ -235,7 +236,7 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
     await waitFor("the slot given back", async () => (holdPeriods(since).at(-1)?.[2] !== Number.POSITIVE_INFINITY ? true : undefined), 60_000, 250);
   }, 300_000);
 
-  test("an overlay for one node changes kubelet's configuration there only; `trellis plan` names each entry's layer", async () => {
+  test("an overlay changes kubelet's configuration only on the nodes its selector picks, and follows their labels; `trellis plan` names each entry's layer", async () => {
     const [a, b, c] = workers as [Worker, Worker, Worker];
     const osc = await rendered({ ...fixedInput, maxPods: 80, extraFile: "v1\n" });
     const doc = parse(osc);
@@ -243,7 +244,9 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
     const config = Buffer.from(kubeletFile.content.inline.data, "base64").toString("utf8");
     expect(config).toContain("maxPods: 80");
     const overridden = { ...kubeletFile, content: { inline: { encoding: "b64", data: Buffer.from(config.replace("maxPods: 80", "maxPods: 90")).toString("base64") } } };
-    const overlay = stringify({ rank: "node", selector: `kubernetes.io/hostname=${a.bare.name}`, files: [overridden] });
+    const big = "e2e.trellis.dev/big";
+    const overlay = stringify({ rank: "node", selector: `${big}=true`, files: [overridden] });
+    await setLabel(a, big, "true");
     const before = await Promise.all(workers.map(kubeletStart));
     const base = await put(osc, settings);
     await world.cluster.admin().makeApiClient(CoreV1Api).patchNamespacedSecret(
@@ -262,6 +265,10 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
       expect((await readNode(w.bare)).status?.capacity?.pods).toBe("80");
       expect(await kubeletStart(w)).toBe(before[i] as number);
     }
+    // Overlays follow the labels: b labelled later takes the overlay too, with no change to the Secret.
+    await setLabel(b, big, "true");
+    await waitFor(`${b.bare.name} with 90 pods`, async () => ((await readNode(b.bare)).status?.capacity?.pods === "90" ? true : undefined), 120_000, 250);
+    expect((await readNode(c.bare)).status?.capacity?.pods).toBe("80");
 
     // Offline: the Secret as kubectl prints it, planned for a's labels on an empty root.
     const secret = await world.cluster.admin().makeApiClient(CoreV1Api).readNamespacedSecret({ name: first().secretName, namespace: "kube-system" });
@@ -270,12 +277,12 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
     // The machine image's mirror, through which plan pulls the OSC's imageRef files (kubelet, the agent).
     mkdirSync(`${dir}/root/etc/containerd/certs.d/${upstream}`, { recursive: true });
     writeFileSync(`${dir}/root/etc/containerd/certs.d/${upstream}/hosts.toml`, mirrorHostsToml(upstream, world.registry.host));
-    const planned = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `kubernetes.io/hostname=${a.bare.name}`]);
+    const planned = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `${big}=true`]);
     expect(planned.stderr).toBe("");
     expect(planned.stdout).toContain("layers:");
     expect(planned.stdout).toContain("file /var/lib/kubelet/config/kubelet: overlay-big-node.yaml (node)");
     expect(planned.stdout).toContain("unit kubelet.service: osc.yaml");
-    const other = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `kubernetes.io/hostname=${b.bare.name}`]);
+    const other = await run([await trellisBinary(), "plan", "--osc", `${dir}/secret.yaml`, "--root", `${dir}/root`, "--labels", `${big}=false`]);
     expect(other.stdout).toContain("file /var/lib/kubelet/config/kubelet: osc.yaml");
   }, 300_000);
 });
