@@ -25,7 +25,7 @@ import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
-import { patchNodeCondition, patchNodeMetadata } from "../kube/node.ts";
+import { patchNodeConditionIfChanged, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
 import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
@@ -561,13 +561,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   async function setCondition(current: V1Node, value: "True" | "False", reason: string, message: string): Promise<void> {
-    const existing = current.status?.conditions?.find((c) => c.type === conditionType);
-    if (existing?.status === value && existing.reason === reason && existing.message === message) return;
-    try {
-      await patchNodeCondition(deps.kube, current.metadata?.name as string, { type: conditionType, status: value, reason, message });
-    } catch (err) {
-      log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) });
-    }
+    await patchNodeConditionIfChanged(deps.kube, current, { type: conditionType, status: value, reason, message }).catch((err: unknown) =>
+      log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) }),
+    );
   }
 
   return {

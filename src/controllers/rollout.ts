@@ -22,7 +22,7 @@ import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
-import { patchNodeCondition } from "../kube/node.ts";
+import { patchNodeConditionIfChanged } from "../kube/node.ts";
 import { createSlots, type SlotHolder, type Slots } from "../kube/slots.ts";
 import { describeError, type Logger } from "../log.ts";
 import { checkHealth, gateRun, type GateTick } from "./health-gate.ts";
@@ -84,8 +84,6 @@ export type Rollout = {
   gateUntilDone(units: string[], settings: RolloutSettings, signal: AbortSignal): Promise<{ passed: true } | { passed: false; check: string }>;
   stop(): Promise<void>;
 };
-
-const conditionFor = (status: "True" | "False", reason: string, message: string) => ({ type: rolloutConditionType, status, reason, message });
 
 /**
  * Whether a slot whose holder stopped renewing may be taken over: its Node is gone, or it is Ready with
@@ -183,13 +181,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
   async function condition(status: "True" | "False", reason: string, message: string): Promise<void> {
     const node = deps.node.current();
     if (!node) return;
-    const existing = node.status?.conditions?.find((c) => c.type === rolloutConditionType);
-    if (existing?.status === status && existing.reason === reason && existing.message === message) return;
-    try {
-      await patchNodeCondition(deps.kube, node.metadata?.name as string, conditionFor(status, reason, message));
-    } catch (err) {
-      log.warn("could not set the Node condition", { condition: rolloutConditionType, error: describeError(err) });
-    }
+    await patchNodeConditionIfChanged(deps.kube, node, { type: rolloutConditionType, status, reason, message }).catch((err: unknown) =>
+      log.warn("could not set the Node condition", { condition: rolloutConditionType, error: describeError(err) }),
+    );
   }
 
   async function poolNodes(): Promise<number> {

@@ -13,7 +13,7 @@ import type { OwnedUnit } from "../api/state.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Systemd, UnitStatus } from "../host/systemd.ts";
 import type { Kube } from "../kube/client.ts";
-import { metaTime, type NodeCondition, patchNodeCondition } from "../kube/node.ts";
+import { metaTime, type NodeCondition, patchNodeConditionIfChanged } from "../kube/node.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
 import { every } from "./every.ts";
@@ -66,10 +66,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
       deps.status.set("units", { ok: true, summary: `${summary} (the Node is not registered yet: no condition)`, ...board });
       return;
     }
-    const existing = node.status?.conditions?.find((c) => c.type === unitsConditionType);
-    if (existing?.status !== condition.status || existing.reason !== condition.reason || existing.message !== condition.message) {
-      await patchNodeCondition(deps.kube, node.metadata?.name as string, condition);
-    }
+    await patchNodeConditionIfChanged(deps.kube, node, condition);
     deps.status.set("units", { ok: true, summary, ...board });
   }
 

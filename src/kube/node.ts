@@ -73,6 +73,16 @@ export async function patchNodeCondition(
   }
 }
 
+/**
+ * Sets the condition on `node` (as last seen) unless it already says exactly that: a steady node costs no
+ * request. Throws what patchNodeCondition throws.
+ */
+export async function patchNodeConditionIfChanged(kube: Kube, node: V1Node, condition: NodeCondition): Promise<void> {
+  const existing = node.status?.conditions?.find((c) => c.type === condition.type);
+  if (existing?.status === condition.status && existing.reason === condition.reason && existing.message === condition.message) return;
+  await patchNodeCondition(kube, node.metadata?.name as string, condition);
+}
+
 /** metav1.Time's wire form: RFC 3339 in whole seconds. */
 export function metaTime(d: Date): string {
   return d.toISOString().replace(/\.\d+Z$/, "Z");
