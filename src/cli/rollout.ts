@@ -11,7 +11,7 @@ import { parseRolloutSettings, pausedLabel, poolLabel, slotCount } from "../api/
 import { nextOpening, openWindow } from "../api/windows.ts";
 import { rolloutConditionType } from "../controllers/rollout.ts";
 import { apiClient, kubeFromConnection } from "../kube/client.ts";
-import { slotChecksumAnnotation, slotFailedChecksumAnnotation, slotFailureAnnotation, slotPoolLabel } from "../kube/slots.ts";
+import { slotFailedChecksumAnnotation, slotFailureAnnotation, slotHolder, slotPoolLabel } from "../kube/slots.ts";
 import { connectionFromFlags, connectionOptions } from "./connection-flags.ts";
 import { UsageError } from "./errors.ts";
 
@@ -70,18 +70,9 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
   const settings = parsed.ok ? parsed.value : undefined;
 
   const held = leases.items
-    .filter((l) => l.spec?.holderIdentity)
-    .map((l) => {
-      const renewed = l.spec?.renewTime ? new Date(l.spec.renewTime as unknown as string) : undefined;
-      return {
-        slot: l.metadata?.name as string,
-        node: l.spec?.holderIdentity as string,
-        ...(l.spec?.acquireTime ? { since: new Date(l.spec.acquireTime as unknown as string).toISOString() } : {}),
-        ...(renewed ? { renewed: renewed.toISOString() } : {}),
-        expired: !renewed || renewed.getTime() + (l.spec?.leaseDurationSeconds ?? 0) * 1000 < now.getTime(),
-        checksum: l.metadata?.annotations?.[slotChecksumAnnotation] ?? "",
-      };
-    })
+    .map((l) => slotHolder(l, now))
+    .filter((h) => h.node !== "")
+    .map(({ acquired, ...h }) => ({ ...h, ...(acquired ? { since: new Date(acquired).toISOString() } : {}) }))
     .sort((a, b) => a.slot.localeCompare(b.slot, undefined, { numeric: true }));
   const failed = leases.items.find((l) => l.metadata?.annotations?.[slotFailedChecksumAnnotation] === checksum);
   const total = settings?.budget ? slotCount(settings.budget, Math.max(1, nodes.items.length), `Secret kube-system/${name}`) : undefined;

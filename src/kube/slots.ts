@@ -48,6 +48,20 @@ export type Slots = {
 
 export const slotName = (secret: string, i: number) => `${secret}-slot-${i}`;
 
+/** Who holds a slot Lease (node "" when free), for which OSC, and whether the holder stopped renewing it by `now`. */
+export function slotHolder(l: V1Lease, now: Date): SlotHolder {
+  // client-node hands MicroTime fields over as the server's strings.
+  const renewed = l.spec?.renewTime ? new Date(l.spec.renewTime as unknown as string) : undefined;
+  return {
+    slot: l.metadata?.name as string,
+    node: l.spec?.holderIdentity ?? "",
+    checksum: l.metadata?.annotations?.[slotChecksumAnnotation] ?? "",
+    ...(l.spec?.acquireTime ? { acquired: String(l.spec.acquireTime) } : {}),
+    ...(renewed ? { renewed: renewed.toISOString() } : {}),
+    expired: !renewed || renewed.getTime() + (l.spec?.leaseDurationSeconds ?? 0) * 1000 < now.getTime(),
+  };
+}
+
 export function createSlots(opts: {
   kube: Kube;
   secret: { name: string; namespace: string; uid: string };
@@ -64,18 +78,7 @@ export function createSlots(opts: {
   const owner: V1OwnerReference = { apiVersion: "v1", kind: "Secret", name: secret.name, uid: secret.uid, controller: true };
   const explain = (err: unknown, what: string) => explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
 
-  const holderOf = (l: V1Lease): SlotHolder => {
-    const renewed = l.spec?.renewTime ? new Date(l.spec.renewTime as unknown as string) : undefined;
-    const expired = !renewed || renewed.getTime() + (l.spec?.leaseDurationSeconds ?? 0) * 1000 < now().getTime();
-    return {
-      slot: l.metadata?.name as string,
-      node: l.spec?.holderIdentity ?? "",
-      checksum: l.metadata?.annotations?.[slotChecksumAnnotation] ?? "",
-      ...(l.spec?.acquireTime ? { acquired: String(l.spec.acquireTime) } : {}),
-      ...(renewed ? { renewed: renewed.toISOString() } : {}),
-      expired,
-    };
-  };
+  const holderOf = (l: V1Lease): SlotHolder => slotHolder(l, now());
 
   async function leases(): Promise<V1Lease[]> {
     try {
