@@ -58,7 +58,7 @@ export type Checksums = { base: string; checksum: string };
 export type Rollout = {
   state(): Promise<RolloutState>;
   /** Whether `checksum` may be applied now; takes a slot for a disruptive change. */
-  admit(o: { secretUid: string; checksum: string; disrupted: string[]; settings: RolloutSettings }): Promise<Admission>;
+  admit(o: PoolContext & { disrupted: string[] }): Promise<Admission>;
   /**
    * A disruptive change is about to be applied: its gate is recorded first (the change may restart the
    * agent itself) and runs once the apply is complete.
@@ -141,7 +141,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
     const name = nodeName();
     return name ? createSlots({ kube: deps.kube, secret: { name: deps.secretName, namespace: "kube-system", uid: secretUid }, identity: name, log, durationSeconds: Math.ceil((4 * renewEveryMs) / 1000) }) : undefined;
   };
-  let slotUid = "";
+  // The Secret as the OSC controller last saw it; its uid owns the slot Leases this node creates.
+  let pool: PoolContext | undefined;
+  const poolUid = () => pool?.secretUid ?? "";
 
   function keepRenewing(): void {
     if (renewal) return;
@@ -149,7 +151,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       void (async () => {
         const s = await state();
         if (!s.slot) return stopRenewing();
-        const slots = slotsFor(slotUid);
+        const slots = slotsFor(poolUid());
         if (!slots) return;
         try {
           await slots.renew(s.slot.name, s.gate?.checksum);
@@ -220,7 +222,6 @@ export function startRollout(deps: RolloutDeps): Rollout {
       // Jittered, so that waiting nodes do not all ask at the same instant.
       return { go: false, reason: "WaitingForSlot", message: `all ${k.value} disruption slot(s) are taken: ${holders}`, retryAtMs: now() + 3_000 + Math.random() * 4_000 };
     }
-    slotUid = o.secretUid;
     await save({ ...s, slot: { name: decision.slot, reasons: [reason] } });
     keepRenewing();
     if (decision.reclaimedFrom) await report("Normal", "RolloutSlotReclaimed", `took over slot ${decision.slot} from ${decision.reclaimedFrom.node}, which stopped renewing it after its change had passed (or its Node is gone)`);
@@ -233,14 +234,13 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!s.slot) return;
     const reasons = s.slot.reasons.filter((r) => r !== reason);
     if (reasons.length > 0) return save({ ...s, slot: { ...s.slot, reasons } });
-    const slots = slotsFor(slotUid);
+    const slots = slotsFor(poolUid());
     if (slots) await slots.release(s.slot.name);
     stopRenewing();
     await save({ ...s, slot: undefined });
   }
 
-  async function admit(o: { secretUid: string; checksum: string; disrupted: string[]; settings: RolloutSettings }): Promise<Admission> {
-    slotUid = o.secretUid;
+  async function admit(o: PoolContext & { disrupted: string[] }): Promise<Admission> {
     const node = deps.node.current();
     const labels = node?.metadata?.labels ?? {};
     const short = o.checksum.slice(0, 12);
@@ -318,7 +318,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     gate = undefined;
     const wasRollback = g.phase === "rolled-back";
     await save({ ...s, gate: { ...g, phase: rollingBack ? "gating" : "failed", failedCheck: wasRollback ? `${g.failedCheck ?? "?"}; after rolling back: ${check}` : check } });
-    const slots = s.slot ? slotsFor(slotUid) : undefined;
+    const slots = s.slot ? slotsFor(poolUid()) : undefined;
     if (s.slot && slots && !wasRollback) {
       await slots.markFailed(s.slot.name, g.checksum, `node ${nodeName()}: ${check}`).catch((err: unknown) => log.warn("could not record the failed change on the slot", { error: describeError(err) }));
     }
@@ -363,14 +363,11 @@ export function startRollout(deps: RolloutDeps): Rollout {
     }
   }
 
-  let pool: PoolContext | undefined;
-
   return {
     state,
     admit,
     observe: (o) => {
       pool = o;
-      slotUid = o.secretUid;
     },
     current: () => pool,
     gateUntilDone,
