@@ -32,10 +32,13 @@ export type HealthCheckDeps = {
 export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutSettings, "probe" | "probeTimeoutMs">, change: { units: string[] }): Promise<GateVerdict> {
   const owned = await deps.ownedUnits();
   const now = deps.now();
+  // One D-Bus read per unit per look: the checks below all use these.
+  const statuses = new Map<string, UnitStatus>();
+  for (const unit of Object.keys(owned)) statuses.set(unit, await deps.unitStatus(unit));
   for (const unit of change.units) {
     const want = owned[unit];
-    if (!want || want.enable === false || want.command === "stop") continue; // stopped on purpose
-    const s = await deps.unitStatus(unit);
+    const s = statuses.get(unit);
+    if (!want || !s || want.enable === false || want.command === "stop") continue; // stopped on purpose
     const verdict = assessUnit(unit, want, s, deps.stuckThresholdMs, now);
     if (verdict.health !== "healthy" || s.subState === "auto-restart") {
       return { healthy: false, check: `unit ${unit}: ${s.subState === "auto-restart" ? "restarting after a failure (auto-restart)" : verdict.why ?? `${s.activeState} (${s.subState})`}` };
@@ -46,14 +49,12 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
   if (!node) return { healthy: false, check: "Node: not registered" };
   if (ready?.status !== "True") return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}` };
   if (change.units.includes("kubelet.service")) {
-    const started = (await deps.unitStatus("kubelet.service")).activeEnterTimestamp?.getTime();
+    const started = (statuses.get("kubelet.service") ?? (await deps.unitStatus("kubelet.service"))).activeEnterTimestamp?.getTime();
     // Heartbeats have whole seconds.
     const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
     if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };
   }
-  const verdicts = [];
-  for (const [unit, want] of Object.entries(owned)) verdicts.push(assessUnit(unit, want, await deps.unitStatus(unit), deps.stuckThresholdMs, now));
-  const units = conditionOf(verdicts);
+  const units = conditionOf(Object.entries(owned).map(([unit, want]) => assessUnit(unit, want, statuses.get(unit) as UnitStatus, deps.stuckThresholdMs, now)));
   if (units.reason !== "AllUnitsHealthy") return { healthy: false, check: `SystemdUnitsReady: ${units.reason}: ${units.message}` };
   if (settings.probe) {
     const problem = await runProbe(settings.probe, settings.probeTimeoutMs);
