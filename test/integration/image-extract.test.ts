@@ -553,6 +553,20 @@ describe("failures", () => {
     expect(err.message).toContain("big is 10 bytes, more than the limit of 9 bytes");
   });
 
+  test("a layer unpacking to more than maxUnpackedLayerBytes (a gzip bomb) is refused naming image, file and layer; nothing enters the cache", async () => {
+    const layout = `${base}/layout-bomb`;
+    const written = writeLayout(layout, "v1", { platform: amd64, layers: [{ "opt/zeros": { content: new Uint8Array(32 << 20), mode: 0o644 }, "etc/small": "small\n" }] });
+    await registry.push(layout, "e2e/bomb", "v1");
+    const layer = (written.images[0]?.layers[0] as { digest: string; size: number }).digest;
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."http://${registry.host}"]\n`);
+    const err = await imageError(storeFor(ws, { maxUnpackedLayerBytes: 1 << 20 }).store.extract({ image: `${upstream}/e2e/bomb:v1`, filePathInImage: "/etc/small" }));
+    expect(err.message).toStartWith(`image ${upstream}/e2e/bomb:v1, file /etc/small: layer ${layer} unpacks to more than 1048576 bytes, the limit for one layer`);
+    expect(readdirSync(`${ws.cacheDir}/files/sha256`)).toEqual([]);
+    expect((await storeFor(ws).store.extract({ image: `${upstream}/e2e/bomb:v1`, filePathInImage: "/etc/small" })).sha256).toBe(sha("small\n"));
+    rmSync(layout, { recursive: true, force: true });
+  });
+
   test("a corrupted blob in the registry's storage: digest mismatch named, nothing enters the cache", async () => {
     const repo = "e2e/corrupt";
     const layout = `${base}/layout-corrupt`;

@@ -67,6 +67,8 @@ export type ImageStoreOptions = {
   arch: Arch;
   /** Larger extracted files are refused (default 512 MiB). */
   maxFileBytes?: number;
+  /** A layer whose tar is larger is refused (default 8 GiB, defaultMaxUnpackedLayerBytes). */
+  maxUnpackedLayerBytes?: number;
   log: Logger;
   /** Request deadlines (default: 30 s to the response headers, 60 s without data while a body streams). */
   timeouts?: Partial<Timeouts>;
@@ -89,6 +91,12 @@ export function normaliseImagePath(path: string): string {
 }
 
 const defaultMaxFileBytes = 512 << 20;
+/**
+ * Only the one file is written to disk (at most maxFileBytes), but every layer searched is decompressed
+ * to its end to be read past: gzip reaches 1000:1 on zeros, so a 10 MiB layer could keep the agent busy
+ * unpacking 10 GiB. The largest real layers (CUDA, ML frameworks) unpack to a few GiB.
+ */
+const defaultMaxUnpackedLayerBytes = 8 * 2 ** 30;
 /** Image configs carry the build history; a few MiB at most in practice. */
 const maxConfigBytes = 8 << 20;
 const sha256Hex = /^[0-9a-f]{64}$/;
@@ -215,6 +223,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   const indexPath = join(cacheDir, "index.json");
   const hostsDir = resolve(opts.hostsDir);
   const maxFileBytes = opts.maxFileBytes ?? defaultMaxFileBytes;
+  const maxUnpackedBytes = opts.maxUnpackedLayerBytes ?? defaultMaxUnpackedLayerBytes;
   const timeouts: Timeouts = { ...defaultTimeouts, ...opts.timeouts };
   const platformKey = `linux/${opts.arch}`;
   const log = opts.log.with({ component: "image-store" });
@@ -486,7 +495,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     return client.fetchBlob(layer.digest, where, async (body) => {
       const sink = new TempFileSink(filesDir);
       try {
-        const verdict = await scanLayer(body, { digest: layer.digest, size: layer.size, target, sink, maxFileBytes });
+        const verdict = await scanLayer(body, { digest: layer.digest, size: layer.size, target, sink, maxFileBytes, maxUnpackedBytes });
         if (verdict.kind === "file") return { verdict, sink };
         await sink.discard();
         return { verdict };
