@@ -4,7 +4,7 @@
 // bearer token, speak TLS, redirect blobs or fail.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import http, { type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from "node:http";
 import { connect, createServer as createNetServer, type Socket } from "node:net";
 import { createServer as createTlsServer, type TlsOptions } from "node:tls";
@@ -452,6 +452,50 @@ describe("caching", () => {
     expect((await store.extract({ image: `${upstream}/e2e/prune:v1`, filePathInImage: "a.txt" })).pulled).toBe(false);
     expect((await store.extract({ image: `${upstream}/e2e/prune:v1`, filePathInImage: "b.txt" })).pulled).toBe(true);
     expect(existsSync(b.blobPath)).toBe(true);
+  });
+});
+
+describe("the cache's bound", () => {
+  test("over maxCacheBytes the least recently used files go (a cache hit counts as a use); the files one OSC uses are never evicted for each other: refused when they do not fit", async () => {
+    const proxy = await startProxy();
+    const content = { a: "file a ...\n", b: "file b ...\n", c: "file c ...\n", d: "file d ...\n" }; // 11 bytes each
+    await push("e2e/capped", "v1", { platform: amd64, layers: [content] });
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."${proxy.url}"]\n`);
+    const { store, logs } = storeFor(ws, { maxCacheBytes: 25 });
+    const get = (name: keyof typeof content, inUse?: Set<string>) => store.extract({ image: `${upstream}/e2e/capped:v1`, filePathInImage: name }, inUse ? { inUse } : {});
+    const files = `${ws.cacheDir}/files/sha256`;
+    const cached = () => readdirSync(files).sort();
+    const sorted = (...names: (keyof typeof content)[]) => names.map((n) => sha(content[n])).sort();
+
+    await get("a");
+    await get("b");
+    expect(cached()).toEqual(sorted("a", "b"));
+    // a is the older file, but used again since b was made.
+    const hourAgo = new Date(Date.now() - 3_600_000);
+    utimesSync(`${files}/${sha(content.a)}`, hourAgo, hourAgo);
+    utimesSync(`${files}/${sha(content.b)}`, new Date(Date.now() - 1_800_000), new Date(Date.now() - 1_800_000));
+    expect((await get("a")).pulled).toBe(false);
+    expect(statSync(`${files}/${sha(content.a)}`).mtimeMs).toBeGreaterThan(Date.now() - 60_000);
+
+    await get("c"); // 33 bytes would be over 25: b, the least recently used, goes
+    expect(cached()).toEqual(sorted("a", "c"));
+    expect(readFileSync(`${ws.cacheDir}/index.json`, "utf8")).not.toContain('"b"');
+    expect(logs.find((l) => l.msg === "evicted least recently used files from the image cache")).toMatchObject({ evicted: 1, limitBytes: 25, bytes: 22 });
+    expect((await get("b")).pulled).toBe(true); // evicted: fetched again, in a's place
+    expect(cached()).toEqual(sorted("b", "c"));
+
+    // One OSC's files: c (a hit) and d fit together, a third does not, and nothing of theirs is evicted for it.
+    const inUse = new Set<string>();
+    expect((await get("c", inUse)).pulled).toBe(false);
+    expect((await get("d", inUse)).pulled).toBe(true);
+    expect(cached()).toEqual(sorted("c", "d"));
+    const err = await imageError(get("a", inUse));
+    expect(err.message).toBe(
+      `image ${upstream}/e2e/capped:v1, file a: image cache ${ws.cacheDir}: the cache holds at most 25 bytes of image files: this file (11 bytes) and the 2 other file(s) this OSC uses (22 bytes) do not fit`,
+    );
+    expect(readdirSync(files).sort()).toEqual(sorted("c", "d")); // no temp file left either
+    expect([...inUse].sort()).toEqual(sorted("c", "d"));
   });
 });
 
