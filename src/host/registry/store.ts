@@ -339,7 +339,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   }
 
   /**
-   * Makes room for a new file of `size` bytes (called serialised, before it is renamed in): while the
+   * Makes room for the `incoming` file (called serialised, before it is renamed in): while the
    * cache would exceed maxCacheBytes, the least recently used files not in `inUse` are deleted, with their
    * index entries. When the files in use alone leave no room, nothing is deleted and the new file is refused.
    * (Extractions in flight hold up to maxFileBytes each in temp files besides.)
