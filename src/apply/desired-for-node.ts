@@ -126,10 +126,12 @@ async function fetchImages(osc: OperatingSystemConfig, inputs: NodeInputs, hosts
   const out = new Map<string, ImageFileResult>();
   const todo = imageRefsOf(osc, inputs.hostName);
   const { images } = inputs;
+  // The apply copies each file from the cache: making room for one must not evict another of this OSC.
+  const inUse = new Set<string>();
   const worker = async () => {
     for (let ref = todo.shift(); ref; ref = todo.shift()) {
       try {
-        const got = await images.extract(ref, { hostsToml, ...(inputs.signal ? { signal: inputs.signal } : {}) });
+        const got = await images.extract(ref, { hostsToml, inUse, ...(inputs.signal ? { signal: inputs.signal } : {}) });
         // The cache lives on the node; Files wants node paths (they differ under `plan --root`).
         const copyFrom = `/${relative(inputs.files.root, got.blobPath)}`;
         out.set(imageKey(ref), { ok: true, content: { copyFrom, sha256: got.sha256 }, size: got.size });

@@ -30,6 +30,18 @@ export type Backoff = {
 };
 const defaultBackoff: Backoff = { initialMs: 500, maxMs: 30_000, resetAfterMs: 60_000 };
 
+/**
+ * The largest watch event line (and list answer) read. kube-apiserver takes request bodies up to 3 MiB
+ * and etcd stores values up to 1.5 MiB, so a real object's JSON stays well below this; a line that grows
+ * past it is a broken or hostile stream, which must not grow the agent's memory for as long as it sends.
+ */
+export const defaultMaxEventBytes = 16 << 20;
+
+/** An event line or list answer over the limit: the watch fails, and restarts with a fresh list. */
+export class EventTooLargeError extends KubeError {
+  override name = "EventTooLargeError";
+}
+
 export type WatchStats = {
   /** LIST requests sent (the first one and every relist). */
   lists: number;
@@ -61,6 +73,8 @@ export type WatchOptions<T> = {
   timeoutSeconds?: { min: number; max: number };
   /** A request or stream that makes no progress for this long is abandoned and retried. The server sends a bookmark about once a minute. */
   idleTimeoutMs?: number;
+  /** A longer event line or list answer fails the watch (default defaultMaxEventBytes). */
+  maxEventBytes?: number;
   random?: () => number;
   now?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
@@ -80,6 +94,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
   const backoff = { ...defaultBackoff, ...opts.backoff };
   const timeouts = opts.timeoutSeconds ?? { min: 240, max: 360 };
   const idleTimeoutMs = opts.idleTimeoutMs ?? 150_000;
+  const maxEventBytes = opts.maxEventBytes ?? defaultMaxEventBytes;
   const random = opts.random ?? Math.random;
   const now = opts.now ?? (() => performance.now());
   const sleep = opts.sleep ?? abortableSleep;
@@ -150,7 +165,9 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     let body: { kind?: string; apiVersion?: string; metadata?: { resourceVersion?: string }; items?: T[] };
     try {
       const res = await a.progress(kubeGet(kube, path, { fieldSelector }, a.signal));
-      const text = await a.progress(res.body.text());
+      const stream = res.body.stream();
+      if (!stream) throw new KubeError(`${what}: the answer has no body`, "other");
+      const text = await readBounded(stream, maxEventBytes, what, a.progress);
       if (res.httpStatusCode !== 200) throw statusError(kube, what, res.httpStatusCode, text);
       body = JSON.parse(text);
     } catch (err) {
@@ -181,22 +198,18 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
       if (!stream) throw new KubeError(`${what}: the answer has no body`, "other");
       openedAt = now();
       const reader = stream.getReader();
-      const decoder = new TextDecoder();
-      let buffered = "";
+      const splitter = new LineSplitter(maxEventBytes, (size) => new EventTooLargeError(`${what}: an event line is longer than ${size} bytes`, "other"));
       let lines = 0;
       for (;;) {
         const chunk = await a.progress(reader.read());
         if (chunk.done) break;
-        buffered += decoder.decode(chunk.value, { stream: true });
-        for (let nl = buffered.indexOf("\n"); nl >= 0; nl = buffered.indexOf("\n")) {
-          const line = buffered.slice(0, nl);
-          buffered = buffered.slice(nl + 1);
+        for (const line of splitter.push(chunk.value)) {
           if (line.trim() === "") continue;
           lines++;
           await handleLine(line, what);
         }
       }
-      if (buffered.trim() !== "") throw new KubeError(`${what}: the stream ended inside an event`, "other");
+      if (splitter.rest().trim() !== "") throw new KubeError(`${what}: the stream ended inside an event`, "other");
       // client-go's rule: a watch the server closes at once without a word is a failure, or a
       // misbehaving server (or proxy) would have us reconnect in a tight loop.
       if (lines === 0 && now() - openedAt < 1_000) throw new KubeError(`${what}: the server closed the watch at once`, "other");
@@ -244,7 +257,12 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
         failures++;
         const delayMs = backoffDelay(failures, backoff, random());
         const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `watching ${target}` });
-        if (e.reason === "gone") {
+        if (e instanceof EventTooLargeError) {
+          // Resuming would replay the same event: a fresh list delivers the object once it is within bounds again.
+          counters.errors++;
+          resourceVersion = undefined;
+          log.warn("watch failed; listing again", { err: e, retryInMs: Math.round(delayMs) });
+        } else if (e.reason === "gone") {
           counters.gone++;
           resourceVersion = undefined;
           log.info("watch resourceVersion gone; listing again", { err: e, retryInMs: Math.round(delayMs) });
@@ -267,6 +285,65 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
       await running;
     },
   };
+}
+
+/**
+ * Splits a byte stream into UTF-8 lines (without their "\n"). A line longer than maxBytes is refused as
+ * soon as that many bytes of it arrived, with the error tooLong makes; nothing past it is kept.
+ */
+export class LineSplitter {
+  private parts: Uint8Array[] = [];
+  private pending = 0;
+  private readonly decoder = new TextDecoder();
+
+  constructor(
+    private readonly maxBytes: number,
+    private readonly tooLong: (maxBytes: number) => Error,
+  ) {}
+
+  /** The lines `chunk` completes. */
+  push(chunk: Uint8Array): string[] {
+    const lines: string[] = [];
+    let start = 0;
+    for (let nl = chunk.indexOf(10, start); nl >= 0; nl = chunk.indexOf(10, start)) {
+      this.add(chunk.subarray(start, nl));
+      lines.push(this.rest());
+      this.parts = [];
+      this.pending = 0;
+      start = nl + 1;
+    }
+    this.add(chunk.subarray(start));
+    return lines;
+  }
+
+  /** The unfinished line so far. */
+  rest(): string {
+    return this.decoder.decode(this.parts.length === 1 ? this.parts[0] : Buffer.concat(this.parts));
+  }
+
+  private add(part: Uint8Array): void {
+    this.pending += part.length;
+    if (this.pending > this.maxBytes) throw this.tooLong(this.maxBytes);
+    // Copied: a stream may reuse a chunk's memory once it was handed on.
+    if (part.length > 0) this.parts.push(part.slice());
+  }
+}
+
+/** A whole answer as text, refused (EventTooLargeError) once it grows past maxBytes. */
+async function readBounded(stream: ReadableStream<Uint8Array>, maxBytes: number, what: string, progress: <R>(p: Promise<R>) => Promise<R>): Promise<string> {
+  const reader = stream.getReader();
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const chunk = await progress(reader.read());
+    if (chunk.done) return new TextDecoder().decode(Buffer.concat(parts));
+    size += chunk.value.length;
+    if (size > maxBytes) {
+      await reader.cancel();
+      throw new EventTooLargeError(`${what}: the answer is longer than ${maxBytes} bytes`, "other");
+    }
+    parts.push(chunk.value);
+  }
 }
 
 export type WatchLine<T> =

@@ -4,10 +4,10 @@
 // bearer token, speak TLS, redirect blobs or fail.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
-import http, { type IncomingMessage, type ServerResponse } from "node:http";
-import https from "node:https";
-import { createServer as createNetServer, type Socket } from "node:net";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import http, { type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from "node:http";
+import { connect, createServer as createNetServer, type Socket } from "node:net";
+import { createServer as createTlsServer, type TlsOptions } from "node:tls";
 import { createImageStore, ImageError, type ImageStore, type ImageStoreOptions } from "../../src/host/registry/store.ts";
 import { createLogger } from "../../src/log.ts";
 import { freePort, rejection, runDir, runOk } from "../harness/exec.ts";
@@ -60,22 +60,29 @@ const imageError = (p: Promise<unknown>) => rejection(p, ImageError);
 
 // --- a proxy in front of the registry: counts requests and misbehaves on demand ---
 
-type Seen = { method: string; path: string; query: string; auth: boolean };
+type Seen = { method: string; path: string; query: string; auth: boolean; headers: IncomingHttpHeaders };
 type Proxy = {
   /** "http(s)://127.0.0.1:PORT" */
   url: string;
   seen: Seen[];
-  mode: { auth: boolean; redirectBlobs: boolean; status: number };
+  /** TLS connections accepted, each with whether its client presented a certificate. */
+  tlsClients: { clientCert: boolean }[];
+  /** redirectBlobs: blob GETs are answered 307 to this prefix + the request's path (this proxy's own `${url}/cdn` serves them too). */
+  mode: { auth: boolean; redirectBlobs: string | undefined; status: number; realm: string | undefined };
 };
 
-async function startProxy(tls?: { cert: string; key: string }): Promise<Proxy> {
+/** requestCert: ask clients for a certificate (any is accepted) and record whether one came. */
+async function startProxy(tls?: { cert: string; key: string; requestCert?: boolean }): Promise<Proxy> {
   const seen: Seen[] = [];
-  const mode = { auth: false, redirectBlobs: false, status: 0 };
+  const tlsClients: Proxy["tlsClients"] = [];
+  const mode: Proxy["mode"] = { auth: false, redirectBlobs: undefined, status: 0, realm: undefined };
   const [upHost, upPort] = registry.host.split(":") as [string, string];
   let self = "";
   const handle = (req: IncomingMessage, res: ServerResponse) => {
+    const cdn = req.url?.startsWith("/cdn/") === true;
+    if (cdn) req.url = (req.url as string).slice("/cdn".length);
     const u = new URL(req.url ?? "/", "http://x");
-    seen.push({ method: req.method ?? "", path: u.pathname, query: u.search, auth: req.headers.authorization !== undefined });
+    seen.push({ method: req.method ?? "", path: u.pathname, query: u.search, auth: req.headers.authorization !== undefined, headers: req.headers });
     if (mode.status) {
       res.writeHead(mode.status).end();
       return;
@@ -86,11 +93,11 @@ async function startProxy(tls?: { cert: string; key: string }): Promise<Proxy> {
       return;
     }
     if (mode.auth && req.headers.authorization !== "Bearer anon-token") {
-      res.writeHead(401, { "www-authenticate": `Bearer realm="${self}/token",service="test-registry",scope="repository:whatever:pull"` }).end();
+      res.writeHead(401, { "www-authenticate": `Bearer realm="${mode.realm ?? self}/token",service="test-registry",scope="repository:whatever:pull"` }).end();
       return;
     }
-    if (mode.redirectBlobs && req.method === "GET" && u.pathname.includes("/blobs/")) {
-      res.writeHead(307, { location: `http://${registry.host}${req.url}` }).end();
+    if (mode.redirectBlobs !== undefined && !cdn && req.method === "GET" && u.pathname.includes("/blobs/")) {
+      res.writeHead(307, { location: `${mode.redirectBlobs}${req.url}` }).end();
       return;
     }
     const up = http.request({ host: upHost, port: Number(upPort), method: req.method, path: req.url, headers: { ...req.headers, host: registry.host } }, (r) => {
@@ -100,12 +107,39 @@ async function startProxy(tls?: { cert: string; key: string }): Promise<Proxy> {
     up.on("error", (err) => res.writeHead(502).end(String(err)));
     req.pipe(up);
   };
-  const server = tls ? https.createServer(tls, handle) : http.createServer(handle);
+  const server = http.createServer(handle);
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as { port: number }).port;
-  self = `${tls ? "https" : "http"}://127.0.0.1:${port}`;
   closers.push(() => new Promise((resolve) => server.close(() => resolve())));
-  return { url: self, seen, mode };
+  let port = (server.address() as { port: number }).port;
+  if (tls) port = await startTlsFront(port, { ...tls, rejectUnauthorized: false }, tlsClients);
+  self = `${tls ? "https" : "http"}://127.0.0.1:${port}`;
+  return { url: self, seen, mode, tlsClients };
+}
+
+/**
+ * TLS in front of the HTTP server on `port` (Bun's https server cannot tell whether a client presented a
+ * certificate; its TLS server can); its own port.
+ */
+async function startTlsFront(port: number, options: TlsOptions, clients: Proxy["tlsClients"]): Promise<number> {
+  const sockets = new Set<Socket>();
+  const front = createTlsServer(options, (s) => {
+    clients.push({ clientCert: Object.keys(s.getPeerCertificate()).length > 0 });
+    const up = connect(port, "127.0.0.1");
+    for (const x of [s, up]) {
+      sockets.add(x);
+      x.on("error", () => {
+        s.destroy();
+        up.destroy();
+      });
+    }
+    s.pipe(up).pipe(s);
+  });
+  await new Promise<void>((resolve) => front.listen(0, "127.0.0.1", resolve));
+  closers.push(() => {
+    for (const s of sockets) s.destroy();
+    return new Promise((resolve) => front.close(() => resolve()));
+  });
+  return (front.address() as { port: number }).port;
 }
 
 /** Accepts connections and never answers (a hung mirror). */
@@ -216,7 +250,7 @@ describe("mirrors from hosts.toml", () => {
 
   test("blob redirects are followed (registries hand blobs to a CDN)", async () => {
     const redirecting = await startProxy();
-    redirecting.mode.redirectBlobs = true;
+    redirecting.mode.redirectBlobs = `http://${registry.host}`;
     const ws = workspace();
     hostsToml(ws, upstream, `[host."${redirecting.url}"]\n`);
     const { store } = storeFor(ws);
@@ -225,19 +259,41 @@ describe("mirrors from hosts.toml", () => {
   });
 });
 
-describe("TLS endpoints", () => {
-  let proxy: Proxy;
-  let caFile: string;
-  beforeAll(async () => {
+type Pki = {
+  caFile: string;
+  /** For 127.0.0.1, signed by the CA. */
+  server: { cert: string; key: string };
+  /** For 127.0.0.1, signed by nobody. */
+  selfSigned: { cert: string; key: string };
+  /** A client certificate's files (self-signed: the servers here accept any and only record it). */
+  client: { certFile: string; keyFile: string };
+};
+let pki: Promise<Pki> | undefined;
+function testPki(): Promise<Pki> {
+  pki ??= (async () => {
     const dir = `${base}/tls`;
     mkdirSync(dir, { recursive: true });
     const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    const ip = ["-addext", "subjectAltName=IP:127.0.0.1"];
     await runOk(["openssl", "req", "-x509", ...ec, "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-subj", "/CN=trellis test CA", "-days", "2"]);
     await runOk(["openssl", "req", ...ec, "-keyout", `${dir}/srv.key`, "-out", `${dir}/srv.csr`, "-subj", "/CN=127.0.0.1"]);
     writeFileSync(`${dir}/ext.cnf`, "subjectAltName=IP:127.0.0.1\n");
     await runOk(["openssl", "x509", "-req", "-in", `${dir}/srv.csr`, "-CA", `${dir}/ca.crt`, "-CAkey", `${dir}/ca.key`, "-CAcreateserial", "-out", `${dir}/srv.crt`, "-days", "2", "-extfile", `${dir}/ext.cnf`]);
-    caFile = `${dir}/ca.crt`;
-    proxy = await startProxy({ cert: readFileSync(`${dir}/srv.crt`, "utf8"), key: readFileSync(`${dir}/srv.key`, "utf8") });
+    await runOk(["openssl", "req", "-x509", ...ec, ...ip, "-keyout", `${dir}/self.key`, "-out", `${dir}/self.crt`, "-subj", "/CN=127.0.0.1", "-days", "2"]);
+    await runOk(["openssl", "req", "-x509", ...ec, "-keyout", `${dir}/client.key`, "-out", `${dir}/client.crt`, "-subj", "/CN=node", "-days", "2"]);
+    const pair = (name: string) => ({ cert: readFileSync(`${dir}/${name}.crt`, "utf8"), key: readFileSync(`${dir}/${name}.key`, "utf8") });
+    return { caFile: `${dir}/ca.crt`, server: pair("srv"), selfSigned: pair("self"), client: { certFile: `${dir}/client.crt`, keyFile: `${dir}/client.key` } };
+  })();
+  return pki;
+}
+
+describe("TLS endpoints", () => {
+  let proxy: Proxy;
+  let caFile: string;
+  beforeAll(async () => {
+    const { caFile: ca, server } = await testPki();
+    caFile = ca;
+    proxy = await startProxy(server);
     await push("e2e/tls", "v1", { platform: amd64, layers: [{ "etc/tls.txt": "over tls\n" }] });
   }, 60_000);
 
@@ -257,6 +313,81 @@ describe("TLS endpoints", () => {
 
     hostsToml(ws, upstream, `server = "${closed}"\n[host."${proxy.url}"]\n  skip_verify = true\n`);
     expect((await storeFor({ ...ws, cacheDir: `${ws.dir}/cache3` }).store.extract(image)).pulled).toBe(true);
+  });
+});
+
+// A mirror that hands blobs to a server on another origin (as registries hand them to a CDN): what
+// hosts.toml configures for the mirror is the mirror's alone.
+describe("credentials stay with their host", () => {
+  const image = { image: `${upstream}/e2e/redirect:v1`, filePathInImage: "/etc/redirected" };
+  const content = "via a redirect\n";
+  beforeAll(() => push("e2e/redirect", "v1", { platform: amd64, layers: [{ "etc/redirected": content }] }), 60_000);
+
+  const blobGets = (p: Proxy) => p.seen.filter((s) => s.method === "GET" && s.path.includes("/blobs/"));
+  const secret = "Basic bWlycm9yOnMzY3JldA==";
+
+  test("hosts.toml headers and the bearer token reach the mirror, never a redirect target on another origin; a same-origin redirect keeps them", async () => {
+    const mirror = await startProxy();
+    const cdn = await startProxy();
+    mirror.mode.redirectBlobs = cdn.url;
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."${mirror.url}"]\n  [host."${mirror.url}".header]\n    Authorization = "${secret}"\n    X-Mirror-Key = ["k1"]\n`);
+    expect((await storeFor(ws).store.extract(image)).sha256).toBe(sha(content));
+    expect(mirror.seen.length).toBeGreaterThanOrEqual(3);
+    for (const s of mirror.seen) expect([s.headers.authorization, s.headers["x-mirror-key"]]).toEqual([secret, "k1"]);
+    expect(blobGets(mirror)).toHaveLength(2); // config and layer, both redirected
+    expect(blobGets(cdn)).toHaveLength(2);
+    for (const s of cdn.seen) expect([s.headers.authorization, s.headers["x-mirror-key"]]).toEqual([undefined, undefined]);
+
+    // The mirror's anonymous bearer token stays with the mirror too, and a token realm on another origin
+    // gets none of the mirror's headers.
+    const guarded = await startProxy();
+    const cdn2 = await startProxy();
+    const realm = await startProxy();
+    guarded.mode.auth = true;
+    guarded.mode.redirectBlobs = cdn2.url;
+    guarded.mode.realm = realm.url;
+    hostsToml(ws, upstream, `[host."${guarded.url}"]\n  [host."${guarded.url}".header]\n    X-Mirror-Key = "k2"\n`);
+    expect((await storeFor({ ...ws, cacheDir: `${ws.dir}/cache2` }).store.extract(image)).pulled).toBe(true);
+    expect(blobGets(guarded).every((s) => s.headers.authorization === "Bearer anon-token" && s.headers["x-mirror-key"] === "k2")).toBe(true);
+    expect(blobGets(cdn2)).toHaveLength(2);
+    expect(cdn2.seen.every((s) => !s.auth && s.headers["x-mirror-key"] === undefined)).toBe(true);
+    expect(kinds(realm.seen)).toEqual(["GET /token"]);
+    expect(realm.seen[0]?.headers["x-mirror-key"]).toBeUndefined();
+
+    // Redirected within the mirror's own origin: still the mirror, so the headers go along.
+    const own = await startProxy();
+    own.mode.redirectBlobs = `${own.url}/cdn`;
+    hostsToml(ws, upstream, `[host."${own.url}"]\n  [host."${own.url}".header]\n    Authorization = "${secret}"\n`);
+    expect((await storeFor({ ...ws, cacheDir: `${ws.dir}/cache3` }).store.extract(image)).pulled).toBe(true);
+    expect(blobGets(own)).toHaveLength(4); // each blob: the redirect, then /cdn
+    expect(own.seen.every((s) => s.headers.authorization === secret)).toBe(true);
+  });
+
+  test("client certificates and skip_verify apply to the host that names them, not to a redirect target", async () => {
+    const { caFile, server, selfSigned, client } = await testPki();
+    const mirror = await startProxy({ ...server, requestCert: true });
+    const cdn = await startProxy({ ...server, requestCert: true });
+    mirror.mode.redirectBlobs = cdn.url;
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."${mirror.url}"]\n  ca = "${caFile}"\n  client = [["${client.certFile}", "${client.keyFile}"]]\n`);
+    expect((await storeFor(ws).store.extract(image)).pulled).toBe(true);
+    expect(mirror.seen.length).toBeGreaterThanOrEqual(3);
+    expect(mirror.tlsClients.length).toBeGreaterThanOrEqual(3);
+    expect(mirror.tlsClients.every((c) => c.clientCert)).toBe(true);
+    expect(blobGets(cdn)).toHaveLength(2); // the `ca` verified it, as containerd's shared transport would
+    expect(cdn.tlsClients.length).toBeGreaterThanOrEqual(2);
+    expect(cdn.tlsClients.some((c) => c.clientCert)).toBe(false);
+
+    // skip_verify lets the mirror's certificate (whose CA is not configured here) through, not a self-signed redirect target's.
+    const untrusted = await startProxy(selfSigned);
+    mirror.mode.redirectBlobs = untrusted.url;
+    hostsToml(ws, upstream, `[host."${mirror.url}"]\n  skip_verify = true\n`);
+    const err = await imageError(storeFor({ ...ws, cacheDir: `${ws.dir}/cache2` }).store.extract(image));
+    expect(err.message).toContain(`${mirror.url}/v2: redirected to ${untrusted.url}/v2/e2e/redirect/blobs/sha256:`);
+    expect(err.message).toContain("TLS certificate not trusted (self-signed)");
+    expect(untrusted.seen).toEqual([]); // the handshake failed: no request was sent
+    expect(readdirSync(`${ws.dir}/cache2/files/sha256`)).toEqual([]);
   });
 });
 
@@ -321,6 +452,50 @@ describe("caching", () => {
     expect((await store.extract({ image: `${upstream}/e2e/prune:v1`, filePathInImage: "a.txt" })).pulled).toBe(false);
     expect((await store.extract({ image: `${upstream}/e2e/prune:v1`, filePathInImage: "b.txt" })).pulled).toBe(true);
     expect(existsSync(b.blobPath)).toBe(true);
+  });
+});
+
+describe("the cache's bound", () => {
+  test("over maxCacheBytes the least recently used files go (a cache hit counts as a use); the files one OSC uses are never evicted for each other: refused when they do not fit", async () => {
+    const proxy = await startProxy();
+    const content = { a: "file a ...\n", b: "file b ...\n", c: "file c ...\n", d: "file d ...\n" }; // 11 bytes each
+    await push("e2e/capped", "v1", { platform: amd64, layers: [content] });
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."${proxy.url}"]\n`);
+    const { store, logs } = storeFor(ws, { maxCacheBytes: 25 });
+    const get = (name: keyof typeof content, inUse?: Set<string>) => store.extract({ image: `${upstream}/e2e/capped:v1`, filePathInImage: name }, inUse ? { inUse } : {});
+    const files = `${ws.cacheDir}/files/sha256`;
+    const cached = () => readdirSync(files).sort();
+    const sorted = (...names: (keyof typeof content)[]) => names.map((n) => sha(content[n])).sort();
+
+    await get("a");
+    await get("b");
+    expect(cached()).toEqual(sorted("a", "b"));
+    // a is the older file, but used again since b was made.
+    const hourAgo = new Date(Date.now() - 3_600_000);
+    utimesSync(`${files}/${sha(content.a)}`, hourAgo, hourAgo);
+    utimesSync(`${files}/${sha(content.b)}`, new Date(Date.now() - 1_800_000), new Date(Date.now() - 1_800_000));
+    expect((await get("a")).pulled).toBe(false);
+    expect(statSync(`${files}/${sha(content.a)}`).mtimeMs).toBeGreaterThan(Date.now() - 60_000);
+
+    await get("c"); // 33 bytes would be over 25: b, the least recently used, goes
+    expect(cached()).toEqual(sorted("a", "c"));
+    expect(readFileSync(`${ws.cacheDir}/index.json`, "utf8")).not.toContain('"b"');
+    expect(logs.find((l) => l.msg === "evicted least recently used files from the image cache")).toMatchObject({ evicted: 1, limitBytes: 25, bytes: 22 });
+    expect((await get("b")).pulled).toBe(true); // evicted: fetched again, in a's place
+    expect(cached()).toEqual(sorted("b", "c"));
+
+    // One OSC's files: c (a hit) and d fit together, a third does not, and nothing of theirs is evicted for it.
+    const inUse = new Set<string>();
+    expect((await get("c", inUse)).pulled).toBe(false);
+    expect((await get("d", inUse)).pulled).toBe(true);
+    expect(cached()).toEqual(sorted("c", "d"));
+    const err = await imageError(get("a", inUse));
+    expect(err.message).toBe(
+      `image ${upstream}/e2e/capped:v1, file a: image cache ${ws.cacheDir}: the cache holds at most 25 bytes of image files: this file (11 bytes) and the 2 other file(s) this OSC uses (22 bytes) do not fit`,
+    );
+    expect(readdirSync(files).sort()).toEqual(sorted("c", "d")); // no temp file left either
+    expect([...inUse].sort()).toEqual(sorted("c", "d"));
   });
 });
 
@@ -420,6 +595,20 @@ describe("failures", () => {
     hostsToml(ws, upstream, `[host."http://${registry.host}"]\n`);
     const err = await imageError(storeFor(ws, { maxFileBytes: 9 }).store.extract({ image: `${upstream}/e2e/sized:v1`, filePathInImage: "big" }));
     expect(err.message).toContain("big is 10 bytes, more than the limit of 9 bytes");
+  });
+
+  test("a layer unpacking to more than maxUnpackedLayerBytes (a gzip bomb) is refused naming image, file and layer; nothing enters the cache", async () => {
+    const layout = `${base}/layout-bomb`;
+    const written = writeLayout(layout, "v1", { platform: amd64, layers: [{ "opt/zeros": { content: new Uint8Array(32 << 20), mode: 0o644 }, "etc/small": "small\n" }] });
+    await registry.push(layout, "e2e/bomb", "v1");
+    const layer = (written.images[0]?.layers[0] as { digest: string; size: number }).digest;
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."http://${registry.host}"]\n`);
+    const err = await imageError(storeFor(ws, { maxUnpackedLayerBytes: 1 << 20 }).store.extract({ image: `${upstream}/e2e/bomb:v1`, filePathInImage: "/etc/small" }));
+    expect(err.message).toStartWith(`image ${upstream}/e2e/bomb:v1, file /etc/small: layer ${layer} unpacks to more than 1048576 bytes, the limit for one layer`);
+    expect(readdirSync(`${ws.cacheDir}/files/sha256`)).toEqual([]);
+    expect((await storeFor(ws).store.extract({ image: `${upstream}/e2e/bomb:v1`, filePathInImage: "/etc/small" })).sha256).toBe(sha("small\n"));
+    rmSync(layout, { recursive: true, force: true });
   });
 
   test("a corrupted blob in the registry's storage: digest mismatch named, nothing enters the cache", async () => {

@@ -238,6 +238,23 @@ test("a handler that throws is logged and counted, and later events still arrive
   expect(logs.find((l) => l.level === "error")).toMatchObject({ msg: "watch handler failed", err: "handler broke", object: "kube-system/osc-h" });
 }, 30_000);
 
+test("an event line over maxEventBytes fails the watch with an error naming the limit; it restarts with a list, which delivers the object once it is within bounds again", async () => {
+  await create("osc-l", "1");
+  const { watcher, seen, logs } = watchSecret(reader, "osc-l", { maxEventBytes: 64 << 10, backoff: { initialMs: 10, maxMs: 50 } });
+  await watcher.synced;
+  await put("osc-l", "x".repeat(100 << 10)); // about 140 KiB of JSON as base64
+  await waitFor("the watch failing and the relist refusing the answer", () => watcher.stats().errors >= 2);
+  const warnings = logs.filter((l) => l.level === "warn").map((l) => String(l.err));
+  expect(warnings[0]).toContain(`watching ${path}?fieldSelector=metadata.name=osc-l from resourceVersion`);
+  expect(warnings[0]).toContain("an event line is longer than 65536 bytes");
+  expect(warnings[1]).toContain(`listing ${path}?fieldSelector=metadata.name=osc-l: the answer is longer than 65536 bytes`);
+  await put("osc-l", "3");
+  await waitFor("the object, small again", () => seen.length >= 2);
+  await watcher.stop();
+  expect(summary(seen)).toEqual(["ADDED osc-l=1", "MODIFIED osc-l=3"]); // the oversized version never reached the handler
+  expect(watcher.stats().lists).toBeGreaterThanOrEqual(2);
+}, 30_000);
+
 test("a watch without a field selector is refused before any request", () => {
   expect(() => watchObjects({ kube: reader, path, fieldSelector: "", log: createLogger(), onEvent: () => {} })).toThrow("a field selector is required");
 });

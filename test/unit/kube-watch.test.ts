@@ -2,7 +2,7 @@
 // stream's lines (including the in-stream ERROR 410 that the e2e tests cannot make a real apiserver send).
 import { describe, expect, test } from "bun:test";
 import { statusError } from "../../src/kube/http.ts";
-import { backoffDelay, decodeWatchLine, type KubeObject, relistEvents } from "../../src/kube/watch.ts";
+import { backoffDelay, decodeWatchLine, type KubeObject, LineSplitter, relistEvents } from "../../src/kube/watch.ts";
 
 describe("backoffDelay", () => {
   const b = { initialMs: 500, maxMs: 30_000 };
@@ -60,5 +60,30 @@ describe("decodeWatchLine", () => {
     expect(() => decodeWatchLine("{not json")).toThrow("unreadable event");
     expect(() => decodeWatchLine('{"type":"ADDED","object":{"metadata":{}}}')).toThrow("ADDED event without a resourceVersion");
     expect(() => decodeWatchLine('{"type":"SYNC","object":{"metadata":{"resourceVersion":"1"}}}')).toThrow('unknown event type "SYNC"');
+  });
+});
+
+describe("LineSplitter", () => {
+  const bytes = (s: string) => new TextEncoder().encode(s);
+  const splitter = (max = 16) => new LineSplitter(max, (n) => new Error(`longer than ${n} bytes`));
+  test("lines across chunks, several in one chunk, a character split between chunks", () => {
+    const s = splitter();
+    const euro = bytes("€"); // 3 bytes
+    expect(s.push(bytes('{"a":'))).toEqual([]);
+    expect(s.push(bytes('1}\n{"b":2}\n{"c":'))).toEqual(['{"a":1}', '{"b":2}']);
+    expect(s.push(euro.subarray(0, 1))).toEqual([]);
+    expect(s.push(new Uint8Array([...euro.subarray(1), 10]))).toEqual(['{"c":€']);
+    expect(s.rest()).toBe("");
+    expect(s.push(bytes("tail"))).toEqual([]);
+    expect(s.rest()).toBe("tail");
+  });
+  test("a line of exactly the limit is fine; one byte more fails as soon as it arrives, before any newline", () => {
+    expect(splitter().push(bytes(`${"x".repeat(16)}\n`))).toEqual(["x".repeat(16)]);
+    const s = splitter();
+    s.push(bytes("x".repeat(10)));
+    expect(() => s.push(bytes("x".repeat(7)))).toThrow("longer than 16 bytes");
+  });
+  test("the limit is per line, not per chunk", () => {
+    expect(splitter().push(bytes(`${"x".repeat(16)}\n${"y".repeat(16)}\n`))).toEqual(["x".repeat(16), "y".repeat(16)]);
   });
 });

@@ -260,9 +260,16 @@ async function* chunks(data: Uint8Array, size = 1000): AsyncGenerator<Uint8Array
   for (let i = 0; i < data.length; i += size) yield data.subarray(i, i + size);
 }
 
-async function readLayer(blob: Uint8Array, target: string, opts: { digest?: string; size?: number; max?: number } = {}) {
+async function readLayer(blob: Uint8Array, target: string, opts: { digest?: string; size?: number; max?: number; maxUnpacked?: number; sink?: FileSink } = {}) {
   const sink = memorySink();
-  const verdict = await scanLayer(chunks(blob), { digest: opts.digest ?? digestOf(blob), size: opts.size ?? blob.length, target, sink, maxFileBytes: opts.max ?? 1 << 30 });
+  const verdict = await scanLayer(chunks(blob), {
+    digest: opts.digest ?? digestOf(blob),
+    size: opts.size ?? blob.length,
+    target,
+    sink: opts.sink ?? sink,
+    maxFileBytes: opts.max ?? 1 << 30,
+    maxUnpackedBytes: opts.maxUnpacked ?? 1 << 30,
+  });
   return { verdict, content: sink.content() };
 }
 
@@ -319,6 +326,23 @@ describe("scanLayer", () => {
     expect((await readLayer(new Uint8Array(), "x")).verdict).toEqual({ kind: "absent" });
   });
 
+  test("a layer that unpacks to more than the limit (a decompression bomb): ContentError naming the layer, unpacking stops there", async () => {
+    // 64 MiB of zeros in a tar: 64 KiB as gzip, 2 KiB as zstd.
+    const bomb = tar(file("opt/zeros", "\0".repeat(64 << 20)), file("etc/after", "x"));
+    for (const blob of [gzipSync(bomb), zstdCompressSync(bomb), bomb]) {
+      let written = 0;
+      const counting: FileSink = { begin: async () => {}, write: async (c) => void (written += c.length) };
+      const started = performance.now();
+      const err = await readLayer(blob, "opt/zeros", { maxUnpacked: 1 << 20, sink: counting }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ContentError);
+      expect(String(err)).toContain(`layer ${digestOf(blob)} unpacks to more than 1048576 bytes, the limit for one layer`);
+      expect(written).toBeLessThan(2 << 20); // one output chunk past the limit at most
+      expect(performance.now() - started).toBeLessThan(2_000);
+      // Under the limit the same layer reads.
+      expect((await readLayer(blob, "etc/after", { maxUnpacked: 65 << 20 })).content).toBe("x");
+    }
+  });
+
   test("too large a file: ContentError after the digest checked out", async () => {
     const err = await readLayer(gzipSync(archive), "opt/big.bin", { max: 1 << 20 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ContentError);
@@ -332,7 +356,7 @@ describe("searchLayers: the topmost layer that knows the path decides", () => {
     const decision = await searchLayers(layerTars.length, target, async (i, path) => {
       reads.push([i, path]);
       const sink = memorySink();
-      const verdict = await scanLayer(chunks(layerTars[i] as Buffer), { digest: digestOf(layerTars[i] as Buffer), size: (layerTars[i] as Buffer).length, target: path, sink, maxFileBytes: 1 << 30 });
+      const verdict = await scanLayer(chunks(layerTars[i] as Buffer), { digest: digestOf(layerTars[i] as Buffer), size: (layerTars[i] as Buffer).length, target: path, sink, maxFileBytes: 1 << 30, maxUnpackedBytes: 1 << 30 });
       return { verdict, sink };
     });
     return { decision, reads, content: decision?.sink?.content() };

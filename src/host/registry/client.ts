@@ -60,12 +60,25 @@ type Response = {
 
 type TlsOptions = { ca?: string[]; rejectUnauthorized: boolean; cert?: string[]; key?: string[] };
 
-function tlsOf(e: Endpoint): TlsOptions {
+/**
+ * What a request may carry of endpoint `e`'s hosts.toml settings; `own`: it goes to the endpoint's own
+ * origin (scheme, host and port). Its headers (which may hold credentials, e.g. an Authorization for a
+ * private mirror), client certificates and skip_verify belong to that origin and go nowhere else: not to
+ * a redirect target (a blob CDN), nor to a token realm on another host. Stricter than containerd, which
+ * follows a redirect with the same Go client (skip_verify and client certificates included, and every
+ * header but Authorization and Cookie): a redirect is the other server's choice, and skip_verify there
+ * would let anyone on the way answer in its name. The `ca` files still apply, as in containerd: a CA is
+ * trust, not a credential, and a private mirror's storage usually shares its PKI; verification stays on.
+ */
+function settingsFor(e: Endpoint, own: boolean): { headers: Record<string, string[]>; tls: TlsOptions } {
   return {
-    rejectUnauthorized: !e.skipVerify,
-    // node's `ca` replaces the system roots; containerd adds to them.
-    ...(e.ca.length > 0 ? { ca: [...rootCertificates, ...e.ca] } : {}),
-    ...(e.clients.length > 0 ? { cert: e.clients.map((c) => c.cert), key: e.clients.map((c) => c.key) } : {}),
+    headers: own ? e.headers : {},
+    tls: {
+      rejectUnauthorized: !(own && e.skipVerify),
+      // node's `ca` replaces the system roots; containerd adds to them.
+      ...(e.ca.length > 0 ? { ca: [...rootCertificates, ...e.ca] } : {}),
+      ...(own && e.clients.length > 0 ? { cert: e.clients.map((c) => c.cert), key: e.clients.map((c) => c.key) } : {}),
+    },
   };
 }
 
@@ -269,22 +282,28 @@ export class RegistryClient {
     throw new EndpointsFailedError(what, attempts);
   }
 
-  /** A request to `endpoint` for this repository, answering a Bearer challenge once and following redirects. */
+  /**
+   * A request to `endpoint` for this repository, answering a Bearer challenge once and following redirects.
+   * Once a redirect leaves the endpoint's origin, the rest of the chain carries none of its credentials
+   * (the bearer token, hosts.toml's headers and client certificates) and no skip_verify, even if a later
+   * hop comes back: where it leads is then the other server's choice.
+   */
   private async request(e: Endpoint, method: string, suffix: string, extra: Record<string, string>): Promise<Response> {
     // containerd sends `?ns=<registry>` to mirrors, so one mirror can serve several upstream registries.
     let url = new URL(`${e.origin}${e.path}/${this.o.repository}${suffix}${e.mirror ? `?ns=${encodeURIComponent(this.o.registry)}` : ""}`);
-    const tls = tlsOf(e);
-    const base: Record<string, string | string[]> = { "user-agent": userAgent, ...e.headers, ...extra };
-    const origin = url.origin;
-    let token = await this.tokenFor(origin, e, tls, undefined);
+    let left = false;
+    let token = await this.tokenFor(e, undefined);
     let challenged = false;
     for (let hop = 0; ; ) {
-      const headers = { ...base };
-      if (token !== undefined && url.origin === origin) headers.authorization = `Bearer ${token}`; // never to a redirect target elsewhere
+      const own = settingsFor(e, !left);
+      const headers: Record<string, string | string[]> = { "user-agent": userAgent, ...own.headers, ...extra };
+      if (token !== undefined && !left) headers.authorization = `Bearer ${token}`;
       const started = Date.now();
-      const res = await send(url, { method, headers, tls, timeouts: this.o.timeouts, signal: this.o.signal });
+      const res = await send(url, { method, headers, tls: own.tls, timeouts: this.o.timeouts, signal: this.o.signal }).catch((err: unknown) => {
+        throw hop > 0 && err instanceof TransferError ? new TransferError(`redirected to ${url.origin}${url.pathname}: ${explain(err)}`, { cause: err }) : err;
+      });
       this.o.log.debug("registry request", { method, url: url.href, status: res.status, ms: Date.now() - started });
-      if (res.status === 401 && !challenged && url.origin === origin) {
+      if (res.status === 401 && !challenged && !left) {
         res.discard();
         challenged = true;
         const header = res.headers["www-authenticate"];
@@ -292,11 +311,11 @@ export class RegistryClient {
         if (challenge?.scheme !== "bearer" || !challenge.params.realm) {
           throw new StatusError(401, `unauthorized${challenge ? ` (${challenge.scheme} authentication)` : ""}; trellis pulls anonymously and has no registry credentials`);
         }
-        this.o.tokens.challenges.set(origin, {
+        this.o.tokens.challenges.set(e.origin, {
           realm: challenge.params.realm,
           ...(challenge.params.service !== undefined ? { service: challenge.params.service } : {}),
         });
-        token = await this.tokenFor(origin, e, tls, this.o.tokens.challenges.get(origin));
+        token = await this.tokenFor(e, this.o.tokens.challenges.get(e.origin));
         continue;
       }
       if (res.status === 401) {
@@ -307,14 +326,15 @@ export class RegistryClient {
         res.discard();
         if (++hop > maxRedirects) throw new TransferError(`more than ${maxRedirects} redirects`);
         url = new URL(res.headers.location, url);
+        left ||= url.origin !== e.origin;
         continue;
       }
       return res;
     }
   }
 
-  private async tokenFor(origin: string, e: Endpoint, tls: TlsOptions, fresh: Challenge | undefined): Promise<string | undefined> {
-    const challenge = fresh ?? this.o.tokens.challenges.get(origin);
+  private async tokenFor(e: Endpoint, fresh: Challenge | undefined): Promise<string | undefined> {
+    const challenge = fresh ?? this.o.tokens.challenges.get(e.origin);
     if (!challenge) return undefined;
     // Our own scope rather than the challenge's: a challenge to an earlier request may name another action.
     const scope = `repository:${this.o.repository}:pull`;
@@ -331,7 +351,8 @@ export class RegistryClient {
     if (url.protocol !== "https:" && url.protocol !== "http:") throw new TransferError(`token realm ${challenge.realm} is not http(s)`);
     if (challenge.service !== undefined) url.searchParams.set("service", challenge.service);
     url.searchParams.set("scope", scope);
-    const res = await send(url, { method: "GET", headers: { "user-agent": userAgent, ...e.headers }, tls, timeouts: this.o.timeouts, signal: this.o.signal });
+    const own = settingsFor(e, url.origin === e.origin);
+    const res = await send(url, { method: "GET", headers: { "user-agent": userAgent, ...own.headers }, tls: own.tls, timeouts: this.o.timeouts, signal: this.o.signal });
     if (res.status !== 200) throw await statusError(res, `anonymous token from ${url.origin}${url.pathname}`);
     const body = await readAll(res.body, 1 << 20, "token response");
     let parsed: { token?: unknown; access_token?: unknown; expires_in?: unknown };

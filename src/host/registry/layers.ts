@@ -310,6 +310,7 @@ export function sniffCompression(head: Uint8Array): Compression {
 
 /** Feeds compressed chunks through the right decompressor into a TarScanner, with backpressure. */
 class LayerDecoder {
+  private unpacked = 0;
   private head: Uint8Array[] = [];
   private headLength = 0;
   private compression: Compression | undefined;
@@ -318,7 +319,12 @@ class LayerDecoder {
   private failure: { error: unknown } | undefined;
   private wake: (() => void) | undefined;
 
-  constructor(private readonly scanner: TarScanner) {}
+  constructor(
+    private readonly scanner: TarScanner,
+    /** Refused beyond this many bytes of tar (see scanLayer). */
+    private readonly maxUnpackedBytes: number,
+    private readonly digest: string,
+  ) {}
 
   async write(chunk: Uint8Array): Promise<void> {
     if (this.failure) throw this.failure.error;
@@ -358,7 +364,7 @@ class LayerDecoder {
       this.z = z;
       this.pump = (async () => {
         try {
-          for await (const out of z) await this.scanner.push(out as Uint8Array);
+          for await (const out of z) await this.push(out as Uint8Array);
         } catch (err) {
           this.fail(err instanceof ContentError || isLocal(err) ? err : new ContentError(`${what} decompression failed: ${explain(err)}`, { cause: err }));
           z.destroy();
@@ -368,6 +374,14 @@ class LayerDecoder {
     return head;
   }
 
+  private async push(tar: Uint8Array): Promise<void> {
+    this.unpacked += tar.length;
+    if (this.unpacked > this.maxUnpackedBytes) {
+      throw new ContentError(`layer ${this.digest} unpacks to more than ${this.maxUnpackedBytes} bytes, the limit for one layer (a decompression bomb?)`);
+    }
+    return this.scanner.push(tar);
+  }
+
   private fail(error: unknown): void {
     this.failure ??= { error };
     this.wake?.(); // a failed pump never drains: release the writer waiting for it
@@ -375,7 +389,7 @@ class LayerDecoder {
 
   private async feed(chunk: Uint8Array): Promise<void> {
     const z = this.z;
-    if (!z) return this.scanner.push(chunk);
+    if (!z) return this.push(chunk);
     if (!z.write(chunk) && !this.failure) {
       // One waiter at a time, held in a field: a callback per wait chained onto a long-lived promise would
       // keep every wait's scope — and its chunk — alive until the layer ends (measured: +100 MiB RSS).
@@ -400,14 +414,15 @@ const isLocal = (err: unknown) => typeof (err as { code?: unknown } | null)?.cod
  * Reads one layer blob: hashes all of it, and scans it for `target` into `sink`. Throws TransferError
  * when the blob is not the one asked for (digest or size mismatch: another endpoint may have the right
  * one) — checked first, so a corrupted download is reported as that and not as a broken archive —
- * ContentError when the verified blob is not a readable tar, and the sink's own errors as they are.
+ * ContentError when the verified blob is not a readable tar or unpacks to more than maxUnpackedBytes,
+ * and the sink's own errors as they are.
  */
 export async function scanLayer(
   body: AsyncIterable<Uint8Array>,
-  o: { digest: string; size: number; target: string; sink: FileSink; maxFileBytes: number },
+  o: { digest: string; size: number; target: string; sink: FileSink; maxFileBytes: number; maxUnpackedBytes: number },
 ): Promise<LayerVerdict> {
   const hash = createHash("sha256");
-  const dec = new LayerDecoder(new TarScanner(o.target, o.sink, o.maxFileBytes));
+  const dec = new LayerDecoder(new TarScanner(o.target, o.sink, o.maxFileBytes), o.maxUnpackedBytes, o.digest);
   let received = 0;
   let scanFailure: { error: unknown } | undefined;
   try {

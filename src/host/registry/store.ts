@@ -10,7 +10,7 @@
 //   <cacheDir>/index.json              what is known (schema below)
 //   <cacheDir>/files/sha256/<hex>      extracted contents, named by their sha256 (shared between images)
 import { createHash, randomBytes } from "node:crypto";
-import { chmod, mkdir, open, readdir, readFile, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { chmod, mkdir, open, readdir, readFile, rename, stat, unlink, utimes, type FileHandle } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import * as v from "valibot";
 import { object, record } from "../../api/shapes.ts";
@@ -48,6 +48,11 @@ export type ExtractOptions = {
    * OSC being applied configures are used for that OSC's own images, before they are on disk.
    */
   hostsToml?: ReadonlyMap<string, string>;
+  /**
+   * The files one resolution of an OSC takes from the cache: extract adds each file it hands out (the
+   * apply copies from there later), and none of them is evicted to make room for another.
+   */
+  inUse?: Set<string>;
 };
 
 export interface ImageStore {
@@ -67,6 +72,10 @@ export type ImageStoreOptions = {
   arch: Arch;
   /** Larger extracted files are refused (default 512 MiB). */
   maxFileBytes?: number;
+  /** A layer whose tar is larger is refused (default 8 GiB, defaultMaxUnpackedLayerBytes). */
+  maxUnpackedLayerBytes?: number;
+  /** The extracted files the cache holds at most (default 4 GiB, defaultMaxCacheBytes). */
+  maxCacheBytes?: number;
   log: Logger;
   /** Request deadlines (default: 30 s to the response headers, 60 s without data while a body streams). */
   timeouts?: Partial<Timeouts>;
@@ -89,6 +98,19 @@ export function normaliseImagePath(path: string): string {
 }
 
 const defaultMaxFileBytes = 512 << 20;
+/**
+ * Only the one file is written to disk (at most maxFileBytes), but every layer searched is decompressed
+ * to its end to be read past: gzip reaches 1000:1 on zeros, so a 10 MiB layer could keep the agent busy
+ * unpacking 10 GiB. The largest real layers (CUDA, ML frameworks) unpack to a few GiB.
+ */
+const defaultMaxUnpackedLayerBytes = 8 * 2 ** 30;
+/**
+ * Files leave the cache when an applied OSC no longer uses them, but OSCs that never apply (failing, or
+ * replaced first) only add to it. Eight files of the largest size allowed: a Gardener OSC has two or
+ * three (kubelet, the agent, ~100 MiB each), so the applied OSC and several updates fit before the least
+ * recently used files go.
+ */
+const defaultMaxCacheBytes = 8 * defaultMaxFileBytes;
 /** Image configs carry the build history; a few MiB at most in practice. */
 const maxConfigBytes = 8 << 20;
 const sha256Hex = /^[0-9a-f]{64}$/;
@@ -215,6 +237,8 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   const indexPath = join(cacheDir, "index.json");
   const hostsDir = resolve(opts.hostsDir);
   const maxFileBytes = opts.maxFileBytes ?? defaultMaxFileBytes;
+  const maxUnpackedBytes = opts.maxUnpackedLayerBytes ?? defaultMaxUnpackedLayerBytes;
+  const maxCacheBytes = opts.maxCacheBytes ?? defaultMaxCacheBytes;
   const timeouts: Timeouts = { ...defaultTimeouts, ...opts.timeouts };
   const platformKey = `linux/${opts.arch}`;
   const log = opts.log.with({ component: "image-store" });
@@ -293,15 +317,63 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     }
   }
 
-  /** What the cache knows for `digest` (an index or a platform manifest) and `path`, if its file is still there. */
-  async function lookup(digest: string, path: string): Promise<Located | undefined> {
+  /**
+   * What the cache knows for `digest` (an index or a platform manifest) and `path`, if its file is still
+   * there; the file is then marked used (in `inUse`, and as most recently used) before anything can evict it.
+   */
+  async function lookup(digest: string, path: string, inUse: Set<string> | undefined): Promise<Located | undefined> {
     const index = await readIndex();
     const manifestDigest = index.indexes[digest]?.[platformKey] ?? digest;
     const entry = index.files[manifestDigest]?.[path];
     if (!entry) return undefined;
-    if (await present(entry.sha256, entry.size)) return { manifestDigest, ...entry };
+    const claimed = await serialised(async () => {
+      if (!(await present(entry.sha256, entry.size))) return false;
+      inUse?.add(entry.sha256);
+      const now = new Date();
+      await utimes(blobPath(entry.sha256), now, now); // the eviction order is by modification time
+      return true;
+    });
+    if (claimed) return { manifestDigest, ...entry };
     log.warn("cached image file is missing or damaged, fetching it again", { path: blobPath(entry.sha256) });
     return undefined;
+  }
+
+  /**
+   * Makes room for the `incoming` file (called serialised, before it is renamed in): while the
+   * cache would exceed maxCacheBytes, the least recently used files not in `inUse` are deleted, with their
+   * index entries. When the files in use alone leave no room, nothing is deleted and the new file is refused.
+   * (Extractions in flight hold up to maxFileBytes each in temp files besides.)
+   */
+  async function makeRoom(index: CacheIndex, incoming: { sha256: string; size: number }, inUse: ReadonlySet<string> | undefined): Promise<void> {
+    const cached: { sha256: string; size: number; usedMs: number }[] = [];
+    for (const name of await readdir(filesDir)) {
+      if (!sha256Hex.test(name) || name === incoming.sha256) continue; // the same content replaces itself
+      const s = await stat(join(filesDir, name)).catch((err: unknown) => {
+        if (errno(err) === "ENOENT") return undefined;
+        throw err;
+      });
+      if (s) cached.push({ sha256: name, size: s.size, usedMs: s.mtimeMs });
+    }
+    let total = incoming.size + cached.reduce((sum, c) => sum + c.size, 0);
+    if (total <= maxCacheBytes) return;
+    const held = cached.filter((c) => inUse?.has(c.sha256));
+    const heldBytes = held.reduce((sum, c) => sum + c.size, 0);
+    if (incoming.size + heldBytes > maxCacheBytes) {
+      throw new Error(
+        `the cache holds at most ${maxCacheBytes} bytes of image files: this file (${incoming.size} bytes) and the ${held.length} other file(s) this OSC uses (${heldBytes} bytes) do not fit`,
+      );
+    }
+    const evicted = new Set<string>();
+    for (const c of cached.filter((c) => !inUse?.has(c.sha256)).sort((a, b) => a.usedMs - b.usedMs)) {
+      if (total <= maxCacheBytes) break;
+      await unlink(blobPath(c.sha256)).catch((err: unknown) => {
+        if (errno(err) !== "ENOENT") throw err;
+      });
+      total -= c.size;
+      evicted.add(c.sha256);
+    }
+    dropEntries(index, (sha256) => evicted.has(sha256));
+    log.info("evicted least recently used files from the image cache", { evicted: evicted.size, limitBytes: maxCacheBytes, bytes: total });
   }
 
   /** Applies `update` to the index and writes it, unless `update` returns false (nothing changed). */
@@ -312,7 +384,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     });
   }
 
-  async function extract(req: ImageFileRequest, { signal, hostsToml }: ExtractOptions = {}): Promise<ExtractedFile> {
+  async function extract(req: ImageFileRequest, { signal, hostsToml, inUse }: ExtractOptions = {}): Promise<ExtractedFile> {
     const started = Date.now();
     const fail = (reason: string, cause?: unknown) => new ImageError(req.image, req.filePathInImage, reason, { cause });
     let path: string;
@@ -337,7 +409,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
       await init();
       // A pinned digest whose file is cached needs neither hosts.toml nor the network.
       if (ref.digest !== undefined) {
-        const hit = await lookup(ref.digest, path);
+        const hit = await lookup(ref.digest, path, inUse);
         if (hit) {
           log.debug("image file served from the cache", { image: req.image, path, manifestDigest: hit.manifestDigest });
           return result(hit, false);
@@ -360,7 +432,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
         const resolved = await client.resolveTag(ref.tag ?? "latest");
         top = resolved.digest;
         topBytes = resolved.manifest;
-        const hit = await lookup(top, path);
+        const hit = await lookup(top, path, inUse);
         if (hit) {
           reportFallThrough(client, req);
           log.debug("image file served from the cache", { image: req.image, path, manifestDigest: hit.manifestDigest, resolvedFrom: ref.tag });
@@ -381,7 +453,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
           platforms[platformKey] = manifestDigest;
           return true;
         });
-        const hit = await lookup(manifestDigest, path);
+        const hit = await lookup(manifestDigest, path, inUse);
         if (hit) {
           reportFallThrough(client, req);
           return result(hit, false);
@@ -393,7 +465,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
         await checkPlatform(client, manifest.config, manifestDigest);
       }
 
-      const found = await pullFile(client, manifest, manifestDigest, path, req, signal);
+      const found = await pullFile(client, manifest, manifestDigest, path, req, signal, inUse);
       reportFallThrough(client, req);
       const located: Located = { manifestDigest, ...found };
       log.info("extracted a file from an image", {
@@ -447,6 +519,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     path: string,
     req: ImageFileRequest,
     signal: AbortSignal | undefined,
+    inUse: Set<string> | undefined,
   ): Promise<{ sha256: string; size: number }> {
     const fail = (reason: string) => new ImageError(req.image, req.filePathInImage, reason);
     const layers = manifest.layers;
@@ -463,9 +536,11 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
       try {
         const { sha256, size } = await sink.finish();
         await serialised(async () => {
+          const index = await readIndex();
+          await makeRoom(index, { sha256, size }, inUse);
           await rename(sink.path, blobPath(sha256));
           await syncDir(filesDir);
-          const index = await readIndex();
+          inUse?.add(sha256);
           (index.files[manifestDigest] ??= {})[path] = { sha256, size };
           await writeIndex(index);
         });
@@ -486,7 +561,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     return client.fetchBlob(layer.digest, where, async (body) => {
       const sink = new TempFileSink(filesDir);
       try {
-        const verdict = await scanLayer(body, { digest: layer.digest, size: layer.size, target, sink, maxFileBytes });
+        const verdict = await scanLayer(body, { digest: layer.digest, size: layer.size, target, sink, maxFileBytes, maxUnpackedBytes });
         if (verdict.kind === "file") return { verdict, sink };
         await sink.discard();
         return { verdict };
@@ -501,19 +576,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     await init();
     await serialised(async () => {
       const index = await readIndex();
-      let entries = 0;
-      for (const [manifest, paths] of Object.entries(index.files)) {
-        for (const [path, entry] of Object.entries(paths)) {
-          if (keep.has(entry.sha256)) continue;
-          delete paths[path];
-          entries++;
-        }
-        if (Object.keys(paths).length === 0) delete index.files[manifest];
-      }
-      for (const [digest, platforms] of Object.entries(index.indexes)) {
-        for (const [platform, manifest] of Object.entries(platforms)) if (!index.files[manifest]) delete platforms[platform];
-        if (Object.keys(platforms).length === 0) delete index.indexes[digest];
-      }
+      const entries = dropEntries(index, (sha256) => !keep.has(sha256));
       await writeIndex(index);
       let removed = 0;
       for (const name of await readdir(filesDir)) {
@@ -530,6 +593,24 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   }
 
   return { extract, prune };
+}
+
+/** Removes the index's entries for files `drop` says are gone, and index platforms left pointing nowhere; how many entries. */
+function dropEntries(index: CacheIndex, drop: (sha256: string) => boolean): number {
+  let entries = 0;
+  for (const [manifest, paths] of Object.entries(index.files)) {
+    for (const [path, entry] of Object.entries(paths)) {
+      if (!drop(entry.sha256)) continue;
+      delete paths[path];
+      entries++;
+    }
+    if (Object.keys(paths).length === 0) delete index.files[manifest];
+  }
+  for (const [digest, platforms] of Object.entries(index.indexes)) {
+    for (const [platform, manifest] of Object.entries(platforms)) if (!index.files[manifest]) delete platforms[platform];
+    if (Object.keys(platforms).length === 0) delete index.indexes[digest];
+  }
+  return entries;
 }
 
 function describeVerdict(v: LayerVerdict): string {
