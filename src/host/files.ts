@@ -8,13 +8,17 @@
 // again at the root, ".." stops there), so `plan --root` sees what the node will see and nothing leads
 // outside. trellis runs as root where other users may write, so it follows only directories and
 // symlinks owned by root (or by the owner of the root directory), and never walks through an entry of
-// a directory other users may rename entries in (writable by them and not sticky): such an entry could
-// be swapped for a symlink between the check and the write. A final symlink is not followed by writes
-// and removals: they replace or remove the link itself.
+// a directory other users may rename entries in (writable by them and not sticky). What was checked is
+// what is used: each directory is opened (O_NOFOLLOW) and checked by fstat, and the next lookup goes
+// through that open directory, so a component swapped after the check (a symlink an unprivileged user
+// plants in a sticky /tmp where trellis is about to create a directory) is met by the walk, not followed
+// by a later syscall. A final symlink is not followed by writes and removals: they replace or remove the
+// link itself. Only regular files are ever opened: a FIFO, socket or device is refused, never read or
+// written.
 import { createHash, randomBytes } from "node:crypto";
-import type { Stats } from "node:fs";
-import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rename, rmdir, stat, unlink, type FileHandle } from "node:fs/promises";
-import { basename, dirname, join, resolve } from "node:path";
+import { constants, type Stats } from "node:fs";
+import { lstat, mkdir, open, readdir, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { resolve } from "node:path";
 import { nodePathProblem } from "../api/paths.ts";
 
 export type FileKind = "file" | "dir" | "symlink" | "other";
@@ -112,41 +116,55 @@ function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
-/** Does anything (a dangling symlink included) exist at `p`? Other errors than "missing" throw as they are. */
-async function lexists(p: string): Promise<boolean> {
-  try {
-    await lstat(p);
-    return true;
-  } catch (err) {
-    if (errno(err) === "ENOENT" || errno(err) === "ENOTDIR") return false;
-    throw err;
-  }
-}
-
-/** Does `err`, from an operation on `p`, mean nothing is there? ENOTDIR may also mean `p` is a file. */
-async function absent(p: string, err: unknown): Promise<boolean> {
-  if (errno(err) === "ENOENT") return true;
-  // When even lstat fails, `err` is the better report: say "present" so the caller throws it.
-  return errno(err) === "ENOTDIR" && !(await lexists(p).catch(() => true));
-}
-
 function kindOf(s: { isFile(): boolean; isDirectory(): boolean; isSymbolicLink(): boolean }): FileKind {
   if (s.isFile()) return "file";
   if (s.isDirectory()) return "dir";
   return s.isSymbolicLink() ? "symlink" : "other";
 }
 
-/** Why writeAtomic must not replace what is at a path (undefined: a file, a symlink, or nothing). */
-function unreplaceable(s: Stats): string | undefined {
-  if (s.isDirectory()) return "is a directory";
+/** Why what is at a path is not a regular file trellis may open (undefined: it is one). */
+function notRegular(s: Stats): string | undefined {
+  if (s.isFile()) return undefined;
+  if (s.isDirectory()) return "is a directory (EISDIR)";
   if (s.isFIFO()) return "is a FIFO, not a regular file";
   if (s.isSocket()) return "is a socket, not a regular file";
   if (s.isCharacterDevice() || s.isBlockDevice()) return "is a device, not a regular file";
-  return undefined;
+  return s.isSymbolicLink() ? "is a symlink" : "is not a regular file";
+}
+
+/** Why writeAtomic must not replace what is at a path (undefined: a file, a symlink, or nothing). */
+function unreplaceable(s: Stats): string | undefined {
+  if (s.isDirectory()) return "is a directory";
+  return s.isFile() || s.isSymbolicLink() ? undefined : notRegular(s);
 }
 
 /** The kernel follows at most 40 symlinks in one lookup; so does the resolution here. */
 const maxSymlinks = 40;
+
+
+// Every lookup goes through a directory trellis holds open and has checked: the kernel resolves
+// /proc/self/fd/<fd>/<name> as <name> in the directory that fd names, whatever became of the path that
+// led there (node has no openat; this is its equivalent, as systemd's chase() and glibc's fexecve use).
+const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_DIRECTORY, O_NONBLOCK } = constants;
+
+/** An open directory that passed the checks: what fstat said about it, and its resolved node path. */
+type Dir = { fh: FileHandle; st: Stats; node: string };
+/** Entry `name` of the open directory `dir` ("." for the directory itself); st: what lstat saw there, if anything. */
+type Place = { dir: Dir; name: string; node: string; st?: Stats };
+/** Where a walk ended: at a place (whose entry may be missing), or before it, at a missing or non-directory parent. */
+type Walk = { kind: "place"; at: Place } | { kind: "missing" | "notDir"; node: string };
+
+const via = (dir: Dir, name: string) => `/proc/self/fd/${dir.fh.fd}/${name}`;
+const child = (node: string, name: string) => `${node === "/" ? "" : node}/${name}`;
+
+async function lstatIfAny(p: string): Promise<Stats | undefined> {
+  try {
+    return await lstat(p);
+  } catch (err) {
+    if (errno(err) === "ENOENT") return undefined;
+    throw err;
+  }
+}
 
 async function hashHandle(fh: FileHandle): Promise<string> {
   const hash = createHash("sha256");
@@ -159,23 +177,18 @@ async function hashHandle(fh: FileHandle): Promise<string> {
 }
 
 // Streamed in 1 MiB chunks (binaries of 100 MB and more), hashing what was copied.
-async function copyVerified(to: FileHandle, sourceHost: string, source: string, sha256: string): Promise<void> {
-  const from = await open(sourceHost, "r");
-  try {
-    const hash = createHash("sha256");
-    const buf = new Uint8Array(1 << 20);
-    for (;;) {
-      const { bytesRead } = await from.read(buf, 0, buf.length, null);
-      if (bytesRead === 0) break;
-      const chunk = buf.subarray(0, bytesRead);
-      hash.update(chunk);
-      await to.write(chunk);
-    }
-    const got = hash.digest("hex");
-    if (got !== sha256) throw new Error(`source ${source} has sha256 ${got}, expected ${sha256}`);
-  } finally {
-    await from.close();
+async function copyVerified(to: FileHandle, from: FileHandle, source: string, sha256: string): Promise<void> {
+  const hash = createHash("sha256");
+  const buf = new Uint8Array(1 << 20);
+  for (;;) {
+    const { bytesRead } = await from.read(buf, 0, buf.length, null);
+    if (bytesRead === 0) break;
+    const chunk = buf.subarray(0, bytesRead);
+    hash.update(chunk);
+    await to.write(chunk);
   }
+  const got = hash.digest("hex");
+  if (got !== sha256) throw new Error(`source ${source} has sha256 ${got}, expected ${sha256}`);
 }
 
 /** The host path of node path `path` for a Files adapter whose root is `root` (as Files.root gives it). */
@@ -185,215 +198,296 @@ export function hostPathUnder(root: string, path: string): string {
 
 export function createFiles(rootDir = "/"): Files {
   const root = resolve(rootDir);
-  // Host paths of the temp files writes in flight are filling: cleanupTemp must not pull them away.
+  // Temp files (resolved node path) that writes in flight are filling: cleanupTemp must not pull them away.
   const inFlight = new Set<string>();
 
   const fail = (op: string, path: string, reason: string, cause?: unknown) => new FileError(op, path, reason, { cause, root });
-  const host = (path: string) => hostPathUnder(root, path);
 
   // Who may own what is walked through: root, and the owner of the root directory (a tree unpacked by
   // another user for `plan --root`). Read once: the root does not change owners under a running agent.
+  let trustedUids: Set<number> | undefined;
+
   // The root is the caller's choice, so a symlink naming it (a node's /proc/PID/root) is followed: its
   // own mode (0777) says nothing about who may rename entries of the directory it names.
-  let rootInfo: Promise<{ trusted: Set<number>; stat: Stats }> | undefined;
-  const rootOf = (op: string, path: string) =>
-    (rootInfo ??= stat(root).then((st) => ({ trusted: new Set([0, st.uid]), stat: st }))).catch((err: unknown) => {
-      rootInfo = undefined;
+  async function openRoot(op: string, path: string): Promise<Dir> {
+    let fh: FileHandle | undefined;
+    try {
+      fh = await open(root, O_RDONLY | O_DIRECTORY);
+      const st = await fh.stat();
+      trustedUids ??= new Set([0, st.uid]);
+      return { fh, st, node: "/" };
+    } catch (err) {
+      await fh?.close();
       throw fail(op, path, `cannot resolve the root: ${describe(err)}`, err);
-    });
+    }
+  }
 
   // Can users other than the trusted ones rename entries of this directory?
   const swappable = (dir: Stats, trusted: Set<number>) =>
     !(dir.mode & 0o1000) && (!!(dir.mode & 0o002) || (!!(dir.mode & 0o020) && !trusted.has(dir.gid)));
 
-  /**
-   * Checks `path` and returns its host path with every symlink on the way resolved within the root;
-   * `follow`: the final component too. Components that do not exist yet are kept as they are.
-   */
-  async function locate(op: string, path: string, follow: boolean): Promise<string> {
-    checkNodePath(path, op);
-    const { trusted, stat: rootStat } = await rootOf(op, path);
-    const todo = path.split("/").filter((p) => p !== "");
-    let dir = ""; // the resolved node path walked so far ("" is the root)
-    let dirStat = rootStat;
-    let links = 0;
-    while (todo.length > 0) {
-      const name = todo.shift() as string;
-      if (name === ".") continue;
-      if (name === "..") {
-        dir = dirname(dir || "/") === "/" ? "" : dirname(dir);
-        dirStat = await lstat(host(dir || "/"));
-        continue;
-      }
-      const node = `${dir}/${name}`;
-      const last = todo.length === 0;
-      if (last && !follow) return host(node);
-      let st: Stats;
-      try {
-        st = await lstat(host(node));
-      } catch (err) {
-        if (errno(err) === "ENOENT") return host([node, ...todo].join("/"));
-        throw fail(op, path, `resolving ${node}: ${describe(err)}`, err);
-      }
-      if (!trusted.has(st.uid)) throw fail(op, path, `${node} is owned by uid ${st.uid}, not root: trellis does not walk through it (unsafe path transition)`);
-      if (swappable(dirStat, trusted)) throw fail(op, path, `${dir || "/"} lets other users rename ${name} in it: trellis does not walk through it (unsafe path transition)`);
-      if (st.isSymbolicLink()) {
-        if (++links > maxSymlinks) throw fail(op, path, `more than ${maxSymlinks} symlinks on the way (${reasons.ELOOP})`);
-        const target = await readlink(host(node));
-        todo.unshift(...target.split("/").filter((p) => p !== ""));
-        if (target.startsWith("/")) [dir, dirStat] = ["", rootStat];
-        continue;
-      }
-      if (st.isDirectory()) [dir, dirStat] = [node, st];
-      // A file where a directory should be: the operation itself meets ENOTDIR ("missing" for reads).
-      else return host([node, ...todo].join("/"));
-    }
-    return host(dir || "/");
+  /** Throws unless entry `name` (owned by `uid`) of `dir` may be walked through: systemd's unsafe transition. */
+  function checkTransition(op: string, path: string, dir: Dir, name: string, uid: number): void {
+    const trusted = trustedUids as Set<number>; // set by openRoot, before any walk
+    if (!trusted.has(uid)) throw fail(op, path, `${child(dir.node, name)} is owned by uid ${uid}, not root: trellis does not walk through it (unsafe path transition)`);
+    if (swappable(dir.st, trusted)) throw fail(op, path, `${dir.node} lets other users rename ${name} in it: trellis does not walk through it (unsafe path transition)`);
   }
 
-  /** The host path a write of `path` renames over, after checking that what is there may be replaced. */
-  async function replaceable(op: string, path: string): Promise<string> {
-    if (path === "/") throw fail(op, path, "cannot replace the root directory");
-    const target = await locate(op, path, false);
-    try {
-      const problem = unreplaceable(await lstat(target));
-      if (problem) throw fail(op, path, problem);
-    } catch (err) {
-      if (err instanceof FileError) throw err;
-      if (errno(err) === "ENOTDIR") throw fail(op, path, "a parent is not a directory (ENOTDIR)", err);
-      if (errno(err) !== "ENOENT") throw fail(op, path, describe(err), err);
-    }
-    return target;
-  }
-
-  async function syncDir(op: string, path: string, dir: string): Promise<void> {
+  /** Opens directory `name` of `dir` without following a symlink, and checks what it holds, not what lstat saw. */
+  async function openDir(op: string, path: string, dir: Dir, name: string): Promise<Dir> {
+    const node = child(dir.node, name);
     let fh: FileHandle | undefined;
     try {
-      fh = await open(dir, "r");
-      await fh.sync();
+      fh = await open(via(dir, name), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+      const st = await fh.stat();
+      checkTransition(op, path, dir, name, st.uid);
+      return { fh, st, node };
     } catch (err) {
-      throw fail(op, path, `fsync of directory ${dir}: ${describe(err)}`, err);
-    } finally {
       await fh?.close();
+      if (err instanceof FileError) throw err;
+      throw fail(op, path, `opening directory ${node}: ${describe(err)}`, err);
     }
   }
 
-  // mkdir -p, except that each directory made gets exactly 0755 (mkdir's mode is masked by the umask)
-  // and is fsynced into its parent: a crash must not lose a directory a file was already renamed into.
-  async function makeParents(op: string, path: string, dir: string): Promise<void> {
-    const missing: string[] = [];
+  // Each directory made gets exactly 0755 (mkdir's mode is masked by the umask), set through the open
+  // directory, and is fsynced into its parent: a crash must not lose a directory a file was renamed into.
+  // EEXIST is fine: whatever got there first is looked at by the walk like anything else.
+  async function makeDir(op: string, path: string, dir: Dir, name: string): Promise<void> {
     try {
-      for (let d = dir; !(await lexists(d)); d = dirname(d)) missing.unshift(d);
+      await mkdir(via(dir, name), 0o755);
     } catch (err) {
-      throw fail(op, path, `looking for missing parents of ${dir}: ${describe(err)}`, err);
+      if (errno(err) === "EEXIST") return;
+      throw fail(op, path, `creating directory ${child(dir.node, name)}: ${describe(err)}`, err);
     }
-    for (const d of missing) {
-      try {
-        await mkdir(d, 0o755);
-        await chmod(d, 0o755);
-      } catch (err) {
-        throw fail(op, path, `creating directory ${d}: ${describe(err)}`, err);
+    const made = await openDir(op, path, dir, name);
+    try {
+      await made.fh.chmod(0o755);
+    } catch (err) {
+      throw fail(op, path, `creating directory ${made.node}: ${describe(err)}`, err);
+    } finally {
+      await made.fh.close();
+    }
+    await syncDir(op, path, dir);
+  }
+
+  /**
+   * Resolves `path` one component at a time through open directories, each checked before it is walked
+   * through; a symlink is followed within the root. `follow`: the final component too (it is then checked
+   * like the others). `create`: missing parents are made. The caller closes the place's directory.
+   */
+  async function walk(op: string, path: string, o: { follow: boolean; create: boolean }): Promise<Walk> {
+    checkNodePath(path, op);
+    const stack: Dir[] = [await openRoot(op, path)];
+    let kept: Dir | undefined;
+    const place = (dir: Dir, name: string, st?: Stats): Walk => {
+      kept = dir;
+      return { kind: "place", at: { dir, name, node: name === "." ? dir.node : child(dir.node, name), ...(st ? { st } : {}) } };
+    };
+    const up = async (to: number) => {
+      while (stack.length > to) await (stack.pop() as Dir).fh.close();
+    };
+    try {
+      const todo = path.split("/").filter((p) => p !== "");
+      let links = 0;
+      while (todo.length > 0) {
+        const dir = stack[stack.length - 1] as Dir;
+        const name = todo.shift() as string;
+        if (name === ".") continue;
+        if (name === "..") {
+          await up(Math.max(1, stack.length - 1)); // ".." stops at the root
+          continue;
+        }
+        const last = todo.length === 0;
+        if (last && !o.follow) return place(dir, name);
+        let st: Stats | undefined;
+        try {
+          st = await lstatIfAny(via(dir, name));
+        } catch (err) {
+          throw fail(op, path, `resolving ${child(dir.node, name)}: ${describe(err)}`, err);
+        }
+        if (st === undefined) {
+          if (last) return place(dir, name);
+          if (!o.create) return { kind: "missing", node: child(dir.node, name) };
+          await makeDir(op, path, dir, name);
+          todo.unshift(name);
+          continue;
+        }
+        checkTransition(op, path, dir, name, st.uid);
+        if (st.isSymbolicLink()) {
+          if (++links > maxSymlinks) throw fail(op, path, `more than ${maxSymlinks} symlinks on the way (${reasons.ELOOP})`);
+          const target = await readlink(via(dir, name));
+          todo.unshift(...target.split("/").filter((p) => p !== ""));
+          if (target.startsWith("/")) await up(1);
+          continue;
+        }
+        if (st.isDirectory()) stack.push(await openDir(op, path, dir, name));
+        else if (last) return place(dir, name, st);
+        else return { kind: "notDir", node: child(dir.node, name) };
       }
-      await syncDir(op, path, dirname(d));
+      const top = stack[stack.length - 1] as Dir; // the path named a directory: the root, or through a final symlink or ".."
+      return place(top, ".", top.st);
+    } finally {
+      for (const d of stack) if (d !== kept) await d.fh.close();
     }
   }
 
-  // "wx" is O_CREAT|O_EXCL: never opens an existing file or follows a symlink planted at the temp path.
-  // 0600 until the fchmod, so the content is never readable by others before it is complete.
-  async function createTemp(op: string, path: string, temp: string): Promise<FileHandle> {
+  async function syncDir(op: string, path: string, dir: Dir): Promise<void> {
     try {
-      return await open(temp, "wx", 0o600);
+      await dir.fh.sync();
     } catch (err) {
-      if (errno(err) !== "ENOENT") throw fail(op, path, `creating temp file ${temp}: ${describe(err)}`, err);
+      throw fail(op, path, `fsync of directory ${dir.node}: ${describe(err)}`, err);
     }
-    await makeParents(op, path, dirname(temp));
+  }
+
+  /**
+   * Opens a file for reading, if there is one: only a regular file is opened, so a FIFO is never waited
+   * on and a device never read (O_NONBLOCK and the fstat cover an entry swapped since the lstat).
+   */
+  async function openRegular(op: string, path: string, at: Place): Promise<FileHandle | undefined> {
+    const problem = at.st && notRegular(at.st);
+    if (problem) throw fail(op, path, problem);
+    let fh: FileHandle | undefined;
     try {
-      return await open(temp, "wx", 0o600);
+      fh = await open(via(at.dir, at.name), O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+      const swapped = notRegular(await fh.stat());
+      if (swapped) throw fail(op, path, swapped);
+      return fh;
     } catch (err) {
-      throw fail(op, path, `creating temp file ${temp}: ${describe(err)}`, err);
+      await fh?.close();
+      if (err instanceof FileError) throw err;
+      if (errno(err) === "ENOENT") return undefined;
+      throw fail(op, path, describe(err), err);
     }
   }
 
-  /** Removes the temp file of a failed write and returns the FileError to throw (naming both failures). */
-  async function abandon(op: string, path: string, temp: string, step: string, err: unknown): Promise<FileError> {
-    let reason = `${step}: ${describe(err)}`;
+  /** Runs `fn` on the place `path` leads to (undefined when a parent is missing or not a directory). */
+  async function at<T>(op: string, path: string, o: { follow: boolean; create: boolean }, fn: (at: Place) => Promise<T>): Promise<T | undefined> {
+    const w = await walk(op, path, o);
+    if (w.kind !== "place") return undefined;
     try {
-      await unlink(temp);
-    } catch (unlinkErr) {
-      if (errno(unlinkErr) !== "ENOENT") reason += `; removing the temp file ${temp} failed too: ${describe(unlinkErr)}`;
+      return await fn(w.at);
+    } finally {
+      await w.at.dir.fh.close();
     }
-    return fail(op, path, reason, err);
   }
 
-  async function fillTemp(op: string, path: string, temp: string, content: FileContent, mode: number): Promise<void> {
-    let fill: (fh: FileHandle) => Promise<void>;
+  /** The content of a regular file through `fn`, or undefined when there is none. */
+  const readWith = <T>(op: string, path: string, fn: (fh: FileHandle) => Promise<T>) =>
+    at(op, path, { follow: true, create: false }, async (place) => {
+      const fh = await openRegular(op, path, place);
+      if (!fh) return undefined;
+      try {
+        return await fn(fh);
+      } catch (err) {
+        throw fail(op, path, describe(err), err);
+      } finally {
+        await fh.close();
+      }
+    });
+
+  /**
+   * Why a write may not rename its file over what is at `place`: a directory, FIFO, socket or device. A
+   * symlink is replaced, never written through (as gardener-node-agent renames over it); like
+   * gardener-node-agent's stat() of the path, a link that trellis may follow is looked through first, and
+   * one naming a directory or device (a unit masked as /dev/null) is refused rather than replaced.
+   */
+  async function replaceProblem(op: string, path: string, place: Place): Promise<string | undefined> {
+    let st: Stats | undefined;
+    try {
+      st = await lstatIfAny(via(place.dir, place.name));
+    } catch (err) {
+      throw fail(op, path, describe(err), err);
+    }
+    if (st === undefined) return undefined;
+    if (!st.isSymbolicLink() || !trustedUids?.has(st.uid)) return unreplaceable(st);
+    return at(op, path, { follow: true, create: false }, async (target) => {
+      const problem = target.st && unreplaceable(target.st);
+      return problem && `is a symlink to ${target.node}, which ${problem}`;
+    });
+  }
+
+  /** Places the temp file's content: bytes, or a verified copy of a regular node file opened first. */
+  async function fillTemp(op: string, path: string, dir: Dir, temp: string, content: FileContent, mode: number): Promise<void> {
+    let source: FileHandle | undefined;
     if (typeof content === "object" && "copyFrom" in content) {
-      const from = await locate(op, content.copyFrom, true); // a bad source path fails before any temp file exists
-      fill = (fh) => copyVerified(fh, from, content.copyFrom, content.sha256);
-    } else fill = (fh) => fh.writeFile(content);
-    const fh = await createTemp(op, path, temp);
+      // A bad source fails before any temp file exists.
+      const w = await walk(op, content.copyFrom, { follow: true, create: false });
+      if (w.kind === "place") {
+        const from = w.at;
+        source = await openRegular(op, path, from).finally(() => from.dir.fh.close());
+      }
+      if (!source) throw fail(op, path, `source ${content.copyFrom} does not exist (ENOENT)`);
+    }
+    let fh: FileHandle;
+    try {
+      // O_EXCL|O_NOFOLLOW: never opens an existing file or follows a symlink planted at the temp name.
+      // 0600 until the fchmod, so the content is never readable by others before it is complete.
+      fh = await open(via(dir, temp), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600);
+    } catch (err) {
+      await source?.close();
+      throw fail(op, path, `creating temp file ${child(dir.node, temp)}: ${describe(err)}`, err);
+    }
     let failure: unknown;
     try {
-      await fill(fh);
+      if (source && typeof content === "object" && "copyFrom" in content) await copyVerified(fh, source, content.copyFrom, content.sha256);
+      else await fh.writeFile(content as Uint8Array | string);
       await fh.chmod(mode); // after writing: a write by a non-root user would clear setuid/setgid
       await fh.sync();
     } catch (err) {
       failure = err;
     }
-    try {
-      await fh.close();
-    } catch (err) {
-      failure ??= err;
+    for (const h of [fh, source]) {
+      try {
+        await h?.close();
+      } catch (err) {
+        failure ??= err;
+      }
     }
-    if (failure !== undefined) throw await abandon(op, path, temp, `writing temp file ${temp}`, failure);
+    if (failure !== undefined) throw await abandon(op, path, dir, temp, `writing temp file ${child(dir.node, temp)}`, failure);
   }
+
+  /** Removes the temp file of a failed write and returns the FileError to throw (naming both failures). */
+  async function abandon(op: string, path: string, dir: Dir, temp: string, step: string, err: unknown): Promise<FileError> {
+    let reason = `${step}: ${describe(err)}`;
+    try {
+      await unlink(via(dir, temp));
+    } catch (unlinkErr) {
+      if (errno(unlinkErr) !== "ENOENT") reason += `; removing the temp file ${child(dir.node, temp)} failed too: ${describe(unlinkErr)}`;
+    }
+    return fail(op, path, reason, err);
+  }
+
+  const notADirectory = (node: string) => `a parent is not a directory (ENOTDIR): ${node}`;
 
   return {
     root,
 
-    async read(path) {
-      const p = await locate("read", path, true);
-      try {
-        return await readFile(p);
-      } catch (err) {
-        if (await absent(p, err)) return undefined;
-        throw fail("read", path, describe(err), err);
-      }
-    },
+    read: (path) => readWith("read", path, (fh) => fh.readFile()),
+
+    sha256: (path) => readWith("sha256", path, hashHandle),
 
     async stat(path) {
-      const p = await locate("stat", path, false);
-      try {
-        const s = await lstat(p);
-        return { mode: s.mode & 0o7777, size: s.size, kind: kindOf(s) };
-      } catch (err) {
-        if (await absent(p, err)) return undefined;
-        throw fail("stat", path, describe(err), err);
-      }
-    },
-
-    async sha256(path) {
-      const p = await locate("sha256", path, true);
-      let fh: FileHandle;
-      try {
-        fh = await open(p, "r");
-      } catch (err) {
-        if (await absent(p, err)) return undefined;
-        throw fail("sha256", path, describe(err), err);
-      }
-      try {
-        return await hashHandle(fh);
-      } catch (err) {
-        throw fail("sha256", path, describe(err), err);
-      } finally {
-        await fh.close();
-      }
+      return at("stat", path, { follow: false, create: false }, async (place) => {
+        try {
+          const s = await lstatIfAny(via(place.dir, place.name));
+          return s && { mode: s.mode & 0o7777, size: s.size, kind: kindOf(s) };
+        } catch (err) {
+          throw fail("stat", path, describe(err), err);
+        }
+      });
     },
 
     async writeProblem(path) {
+      const op = "writeAtomic";
+      if (path === "/") return "cannot replace the root directory";
       try {
-        await replaceable("writeAtomic", path);
-        return undefined;
+        const w = await walk(op, path, { follow: false, create: false });
+        if (w.kind !== "place") return w.kind === "notDir" ? notADirectory(w.node) : undefined;
+        try {
+          return await replaceProblem(op, path, w.at);
+        } finally {
+          await w.at.dir.fh.close();
+        }
       } catch (err) {
         if (err instanceof FileError) return err.reason;
         throw err;
@@ -403,79 +497,97 @@ export function createFiles(rootDir = "/"): Files {
     async writeAtomic(path, content, mode) {
       const op = "writeAtomic";
       if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw fail(op, path, `mode ${showMode(mode)} is not a permission mode (0 to 0o7777)`);
-      const target = await replaceable(op, path);
-      const dir = dirname(target);
-      const temp = join(dir, tempName(basename(target)));
-      inFlight.add(temp);
+      if (path === "/") throw fail(op, path, "cannot replace the root directory");
+      const w = await walk(op, path, { follow: false, create: true });
+      if (w.kind !== "place") throw fail(op, path, notADirectory(w.node)); // with create, a missing parent was made
+      const { dir, name } = w.at;
+      const temp = tempName(name);
+      const key = child(dir.node, temp);
+      inFlight.add(key);
       try {
-        await fillTemp(op, path, temp, content, mode);
+        const problem = await replaceProblem(op, path, w.at);
+        if (problem) throw fail(op, path, problem);
+        await fillTemp(op, path, dir, temp, content, mode);
+        // rename replaces whatever entry is at the name by then (a symlink, a FIFO planted in a sticky
+        // directory) and never opens it; a directory there makes it fail.
         try {
-          await rename(temp, target);
+          await rename(via(dir, temp), via(dir, name));
         } catch (err) {
-          throw await abandon(op, path, temp, "renaming the temp file over it", err);
+          throw await abandon(op, path, dir, temp, "renaming the temp file over it", err);
         }
+        await syncDir(op, path, dir);
       } finally {
-        inFlight.delete(temp);
+        inFlight.delete(key);
+        await dir.fh.close();
       }
-      await syncDir(op, path, dir);
     },
 
     async remove(path) {
-      const p = await locate("remove", path, false);
-      try {
-        await unlink(p);
-      } catch (err) {
-        if (await absent(p, err)) return false;
-        throw fail("remove", path, describe(err), err);
-      }
-      await syncDir("remove", path, dirname(p));
-      return true;
+      const removed = await at("remove", path, { follow: false, create: false }, async (place) => {
+        try {
+          await unlink(via(place.dir, place.name));
+        } catch (err) {
+          if (errno(err) === "ENOENT") return false;
+          throw fail("remove", path, describe(err), err);
+        }
+        await syncDir("remove", path, place.dir);
+        return true;
+      });
+      return removed ?? false;
     },
 
     async removeDirIfEmpty(path) {
-      const p = await locate("removeDirIfEmpty", path, false);
-      try {
-        await rmdir(p);
-      } catch (err) {
-        if (errno(err) === "ENOTEMPTY" || errno(err) === "EEXIST" || (await absent(p, err))) return false;
-        throw fail("removeDirIfEmpty", path, describe(err), err);
-      }
-      await syncDir("removeDirIfEmpty", path, dirname(p));
-      return true;
+      const removed = await at("removeDirIfEmpty", path, { follow: false, create: false }, async (place) => {
+        try {
+          await rmdir(via(place.dir, place.name));
+        } catch (err) {
+          if (errno(err) === "ENOTEMPTY" || errno(err) === "EEXIST" || errno(err) === "ENOENT") return false;
+          throw fail("removeDirIfEmpty", path, describe(err), err);
+        }
+        await syncDir("removeDirIfEmpty", path, place.dir);
+        return true;
+      });
+      return removed ?? false;
     },
 
     async list(dir) {
-      const p = await locate("list", dir, true);
-      try {
-        return (await readdir(p)).sort(); // sorted: plans built from listings must be deterministic
-      } catch (err) {
-        if (await absent(p, err)) return [];
-        throw fail("list", dir, describe(err), err);
-      }
+      const names = await at("list", dir, { follow: true, create: false }, async (place) => {
+        if (place.st === undefined) return [];
+        if (!place.st.isDirectory()) throw fail("list", dir, `${reasons.ENOTDIR} (ENOTDIR)`);
+        try {
+          return (await readdir(via(place.dir, "."))).sort(); // sorted: plans built from listings must be deterministic
+        } catch (err) {
+          throw fail("list", dir, describe(err), err);
+        }
+      });
+      return names ?? [];
     },
 
     async cleanupTemp(dir) {
       const op = "cleanupTemp";
-      const p = await locate(op, dir, true);
-      let names: string[];
-      try {
-        const entries = await readdir(p, { withFileTypes: true });
-        names = entries.filter((e) => e.isFile() && tempPattern.test(e.name) && !inFlight.has(join(p, e.name))).map((e) => e.name);
-      } catch (err) {
-        if (await absent(p, err)) return [];
-        throw fail(op, dir, describe(err), err);
-      }
-      const removed: string[] = [];
-      for (const name of names.sort()) {
+      const removed = await at(op, dir, { follow: true, create: false }, async (place) => {
+        if (place.st === undefined) return [];
+        if (!place.st.isDirectory()) throw fail(op, dir, `${reasons.ENOTDIR} (ENOTDIR)`);
+        let names: string[];
         try {
-          await unlink(join(p, name));
-          removed.push(name);
+          const entries = await readdir(via(place.dir, "."), { withFileTypes: true });
+          names = entries.filter((e) => e.isFile() && tempPattern.test(e.name) && !inFlight.has(child(place.dir.node, e.name))).map((e) => e.name);
         } catch (err) {
-          if (errno(err) !== "ENOENT") throw fail(op, dir, `removing ${name}: ${describe(err)}`, err);
+          throw fail(op, dir, describe(err), err);
         }
-      }
-      if (removed.length > 0) await syncDir(op, dir, p);
-      return removed;
+        const gone: string[] = [];
+        for (const name of names.sort()) {
+          try {
+            await unlink(via(place.dir, name));
+            gone.push(name);
+          } catch (err) {
+            if (errno(err) !== "ENOENT") throw fail(op, dir, `removing ${name}: ${describe(err)}`, err);
+          }
+        }
+        if (gone.length > 0) await syncDir(op, dir, place.dir);
+        return gone;
+      });
+      return removed ?? [];
     },
   };
 }

@@ -7,6 +7,11 @@ import { open, readFile } from "node:fs/promises";
 import { checkNodePath, createFiles, FileError, type Files } from "../../src/host/files.ts";
 import { runDir } from "../harness/exec.ts";
 
+const runOk = (cmd: string[]) => {
+  const r = Bun.spawnSync(cmd, { stderr: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")} exited ${r.exitCode}: ${r.stderr.toString()}`);
+};
+
 const base = runDir("files-unit"); // kept for post-mortems like every run directory; big files are removed
 
 /** A fresh, empty root for one test. */
@@ -408,6 +413,122 @@ describe.each([["a temporary root", false], ['root "/"', true]] as const)("hosti
     expect(await files.writeProblem(at("/etc/new/deeper"))).toBeUndefined();
     expect((await fileError(files.writeAtomic(at("/etc/fifo"), "x", 0o644))).message).toContain("is a FIFO");
     expect(statSync(`${root}/etc/fifo`).isFIFO()).toBe(true);
+  });
+});
+
+// Special files at a target path: never opened for writing (a FIFO would block, a device be written to)
+// nor read (a FIFO blocks, /dev/zero never ends); a write refuses them and leaves them as they are.
+describe.each([["a temporary root", false], ['root "/"', true]] as const)("FIFOs, sockets and devices, %s", (_, hostRoot) => {
+  const setup = () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/etc`);
+    runOk(["mkfifo", `${root}/etc/fifo`]);
+    runOk(["mknod", `${root}/etc/null`, "c", "1", "3"]); // what /dev/null is
+    runOk(["mknod", `${root}/etc/zero`, "c", "1", "5"]); // what /dev/zero is: endless
+    // bound by a process that exits: the socket file stays (node's server.close() would unlink it)
+    runOk(["perl", "-MIO::Socket::UNIX", "-e", "IO::Socket::UNIX->new(Local => $ARGV[0], Listen => 1) or die $!", `${root}/etc/socket`]);
+    return hostRoot ? { root, files: createFiles("/"), at: (p: string) => `${root}${p}` } : { root, files, at: (p: string) => p };
+  };
+  const special: [string, string][] = [
+    ["fifo", "is a FIFO, not a regular file"],
+    ["null", "is a device, not a regular file"],
+    ["zero", "is a device, not a regular file"],
+    ["socket", "is a socket, not a regular file"],
+  ];
+
+  test("writeProblem and writeAtomic refuse each; it stays what it was; no temp file is left", async () => {
+    const { root, files, at } = setup();
+    for (const [name, why] of special) {
+      expect(await files.writeProblem(at(`/etc/${name}`))).toBe(why);
+      expect((await fileError(files.writeAtomic(at(`/etc/${name}`), "x", 0o644))).reason).toBe(why);
+    }
+    expect(statSync(`${root}/etc/fifo`).isFIFO()).toBe(true);
+    expect(statSync(`${root}/etc/null`).isCharacterDevice()).toBe(true);
+    expect(statSync(`${root}/etc/socket`).isSocket()).toBe(true);
+    expect(tempsIn(`${root}/etc`)).toEqual([]);
+  });
+
+  test("read and sha256 refuse each at once (a FIFO without writer would block them forever), directly and through a root-owned symlink", async () => {
+    const { root, files, at } = setup();
+    for (const [name, why] of special) {
+      symlinkSync(name, `${root}/etc/link-${name}`);
+      for (const path of [`/etc/${name}`, `/etc/link-${name}`]) {
+        expect((await fileError(files.read(at(path)))).reason).toBe(why);
+        expect((await fileError(files.sha256(at(path)))).reason).toBe(why);
+      }
+    }
+  });
+});
+
+// A symlink at a file's path: gardener-node-agent renames its temp file over the path (files.Move), which
+// replaces the link, after a stat() through it that refuses a target that is not a regular file. trellis
+// does the same for links it may follow (root-owned, safe transitions); a link it may not follow is
+// simply replaced.
+describe.each([["a temporary root", false], ['root "/"', true]] as const)("a symlink at a file's path, %s", (_, hostRoot) => {
+  const setup = () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/etc/dir`, { recursive: true });
+    mkdirSync(`${root}/run`);
+    writeFileSync(`${root}/run/stub-resolv.conf`, "nameserver 127.0.0.53\n");
+    runOk(["mknod", `${root}/etc/null`, "c", "1", "3"]);
+    const inRoot = (p: string) => (hostRoot ? `${root}${p}` : p); // absolute link targets as the node sees them
+    return { root, inRoot, files: hostRoot ? createFiles("/") : files, at: inRoot };
+  };
+
+  test("a root-owned link to a regular file (/etc/resolv.conf): the link is replaced by the file, its target untouched", async () => {
+    const { root, inRoot, files, at } = setup();
+    symlinkSync("../run/stub-resolv.conf", `${root}/etc/resolv.conf`);
+    symlinkSync(inRoot("/run/stub-resolv.conf"), `${root}/etc/absolute`);
+    for (const name of ["resolv.conf", "absolute"]) {
+      expect(await files.writeProblem(at(`/etc/${name}`))).toBeUndefined();
+      await files.writeAtomic(at(`/etc/${name}`), "nameserver 10.0.0.10\n", 0o644);
+      expect(lstatSync(`${root}/etc/${name}`).isFile()).toBe(true);
+      expect(readFileSync(`${root}/etc/${name}`, "utf8")).toBe("nameserver 10.0.0.10\n");
+    }
+    expect(readFileSync(`${root}/run/stub-resolv.conf`, "utf8")).toBe("nameserver 127.0.0.53\n");
+  });
+
+  test("a dangling link is replaced; nothing is created where it pointed", async () => {
+    const { root, inRoot, files, at } = setup();
+    symlinkSync(inRoot("/run/missing/file"), `${root}/etc/dangling`);
+    await files.writeAtomic(at("/etc/dangling"), "x", 0o644);
+    expect(lstatSync(`${root}/etc/dangling`).isFile()).toBe(true);
+    expect(existsSync(`${root}/run/missing`)).toBe(false);
+  });
+
+  test("a root-owned link to a directory or a device (a unit masked as /dev/null) is refused, not replaced", async () => {
+    const { root, inRoot, files, at } = setup();
+    symlinkSync(inRoot("/etc/null"), `${root}/etc/masked.service`);
+    symlinkSync("dir", `${root}/etc/to-dir`);
+    expect(await files.writeProblem(at("/etc/masked.service"))).toBe(`is a symlink to ${at("/etc/null")}, which is a device, not a regular file`);
+    expect((await fileError(files.writeAtomic(at("/etc/to-dir"), "x", 0o644))).reason).toBe(`is a symlink to ${at("/etc/dir")}, which is a directory`);
+    expect(lstatSync(`${root}/etc/masked.service`).isSymbolicLink()).toBe(true);
+    expect(lstatSync(`${root}/etc/to-dir`).isSymbolicLink()).toBe(true);
+    expect(readdirSync(`${root}/etc/dir`)).toEqual([]);
+  });
+
+  test("a link another user left in a sticky directory is replaced, never looked through, whatever it names", async () => {
+    const { root, inRoot, files, at } = setup();
+    mkdirSync(`${root}/tmp`, { mode: 0o1777 });
+    chmodSync(`${root}/tmp`, 0o1777);
+    for (const [name, target] of [["to-device", "/etc/null"], ["to-dir", "/etc/dir"], ["to-file", "/run/stub-resolv.conf"]] as const) {
+      symlinkSync(inRoot(target), `${root}/tmp/${name}`);
+      lchownSync(`${root}/tmp/${name}`, 4242, 4242);
+      expect(await files.writeProblem(at(`/tmp/${name}`))).toBeUndefined();
+      await files.writeAtomic(at(`/tmp/${name}`), "ours\n", 0o600);
+      expect(lstatSync(`${root}/tmp/${name}`)).toMatchObject({ uid: 0 });
+      expect(lstatSync(`${root}/tmp/${name}`).isFile()).toBe(true);
+    }
+    expect(readFileSync(`${root}/run/stub-resolv.conf`, "utf8")).toBe("nameserver 127.0.0.53\n");
+    expect(statSync(`${root}/etc/null`).isCharacterDevice()).toBe(true);
+  });
+
+  test("remove takes the link away, never its target", async () => {
+    const { root, files, at } = setup();
+    symlinkSync("../run/stub-resolv.conf", `${root}/etc/resolv.conf`);
+    expect(await files.remove(at("/etc/resolv.conf"))).toBe(true);
+    expect(existsSync(`${root}/etc/resolv.conf`)).toBe(false);
+    expect(readFileSync(`${root}/run/stub-resolv.conf`, "utf8")).toBe("nameserver 127.0.0.53\n");
   });
 });
 

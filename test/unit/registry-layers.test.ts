@@ -350,17 +350,18 @@ describe("scanLayer", () => {
   });
 });
 
+async function search(layerTars: Buffer[], target: string) {
+  const reads: [number, string][] = [];
+  const decision = await searchLayers(layerTars.length, target, async (i, path) => {
+    reads.push([i, path]);
+    const sink = memorySink();
+    const verdict = await scanLayer(chunks(layerTars[i] as Buffer), { digest: digestOf(layerTars[i] as Buffer), size: (layerTars[i] as Buffer).length, target: path, sink, maxFileBytes: 1 << 30, maxUnpackedBytes: 1 << 30 });
+    return { verdict, sink };
+  });
+  return { decision, reads, content: decision?.sink?.content() };
+}
+
 describe("searchLayers: the topmost layer that knows the path decides", () => {
-  async function search(layerTars: Buffer[], target: string) {
-    const reads: [number, string][] = [];
-    const decision = await searchLayers(layerTars.length, target, async (i, path) => {
-      reads.push([i, path]);
-      const sink = memorySink();
-      const verdict = await scanLayer(chunks(layerTars[i] as Buffer), { digest: digestOf(layerTars[i] as Buffer), size: (layerTars[i] as Buffer).length, target: path, sink, maxFileBytes: 1 << 30, maxUnpackedBytes: 1 << 30 });
-      return { verdict, sink };
-    });
-    return { decision, reads, content: decision?.sink?.content() };
-  }
 
   test("an upper layer's file shadows the lower one; lower layers are not read", async () => {
     const got = await search([tar(file("etc/x", "v1")), tar(file("etc/y", "?")), tar(file("etc/x", "v3"))], "etc/x");
@@ -399,6 +400,34 @@ describe("searchLayers: the topmost layer that knows the path decides", () => {
 
   test("nowhere: undefined", async () => {
     expect((await search([tar(file("a", "1")), tar(file("b", "2"))], "c")).decision).toBeUndefined();
+  });
+});
+
+// Nothing of a layer is unpacked: the one entry asked for streams into the cache file, so no entry can
+// write anywhere, and content only ever comes from the layer's own bytes, never from the host.
+describe("hostile entries stay inside the layer", () => {
+  test("names climbing out with '..' never match; an absolute name is the image's root (as containerd reads it)", async () => {
+    const layer = tar(file("../etc/passwd", "evil 1"), file("a/../../etc/passwd", "evil 2"), file("./../../etc/passwd", "evil 3"), file("/etc/hosts", "absolute"));
+    expect((await search([layer], "etc/passwd")).decision).toBeUndefined();
+    expect((await search([layer], "etc/hosts")).content).toBe("absolute");
+  });
+
+  test("a symlink to outside, then a file through it: the file is the entry's own bytes; the link is never followed", async () => {
+    expect((await search([tar(symlink("etc", "/../../host-etc"), file("etc/shadow", "the layer's"))], "etc/shadow")).content).toBe("the layer's");
+    expect((await search([tar(symlink("usr/bin", "../../../../etc"))], "usr/bin/tool")).decision?.verdict).toEqual({ kind: "blocked", parent: "usr/bin", type: "symlink", linkTarget: "../../../../etc" });
+    expect((await search([tar(symlink("usr/bin/tool", "/etc/shadow"))], "usr/bin/tool")).decision?.verdict).toEqual({ kind: "symlink", linkTarget: "/etc/shadow" });
+  });
+
+  test("a hard link to /etc/shadow or ../../etc/shadow is looked up in the same layer, never on the host", async () => {
+    for (const [to, named] of [
+      ["/etc/shadow", "etc/shadow"],
+      ["../../etc/shadow", "../../etc/shadow"],
+    ]) {
+      const got = await search([tar(hardlink("app/secret", to as string))], "app/secret");
+      expect(got.decision).toMatchObject({ layer: 0, hardlinkTo: named, verdict: { kind: "absent" } });
+      expect(got.content).toBe("");
+    }
+    expect((await search([tar(file("etc/shadow", "the layer's own"), hardlink("app/secret", "/etc/shadow"))], "app/secret")).content).toBe("the layer's own");
   });
 });
 
