@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { CoordinationV1Api } from "@kubernetes/client-node";
 import { parse, stringify } from "yaml";
 import { type AgentNode, mainPid, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { forbiddenRequests, installAdmissionPolicy } from "../harness/admission-policy.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 
@@ -16,6 +17,7 @@ let checksum: string;
 
 beforeAll(async () => {
   cluster = await startCluster({ controllerManager: false });
+  await installAdmissionPolicy(cluster); // docs/admission-policy.yaml: the agent works within it
   agent = await startAgentNode(cluster, { prefix: "live", secretName });
   checksum = await putOscSecret(cluster, secretName, osc);
   await waitApplied(agent, checksum);
@@ -87,6 +89,10 @@ test("the restart annotation restarts the listed units and is removed", async ()
   );
   expect(await mainPid(agent, "web.service")).not.toBe(web);
   expect(await mainPid(agent, "ticker.service")).not.toBe(ticker);
+});
+
+test("the admission policy (and RBAC) refused none of the agent's requests", () => {
+  expect(forbiddenRequests(cluster, agent.user)).toEqual([]);
 });
 
 test("the agent itself never restarted or crashed through all of this", async () => {

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { CoordinationV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
 import { type AgentNode, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { forbiddenRequests, installAdmissionPolicy } from "../harness/admission-policy.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 
 const secretName = "gardener-node-agent-serial";
@@ -31,6 +32,7 @@ let nodes: AgentNode[] = [];
 
 beforeAll(async () => {
   cluster = await startCluster({ controllerManager: false });
+  await installAdmissionPolicy(cluster); // docs/admission-policy.yaml: the agent works within it
   nodes = await Promise.all(["sa", "sb", "sc"].map((prefix) => startAgentNode(cluster, { prefix, secretName })));
 }, 120_000);
 afterAll(async () => {
@@ -78,3 +80,7 @@ test("an updated OSC is applied one node at a time, each inside its turn on the 
   expect(new Set(order.map((o) => o.at)).size).toBe(nodes.length);
   expect(samples.at(-1)?.t ?? 0).toBeGreaterThanOrEqual(3000); // three turns of at least a second each
 }, 120_000);
+
+test("the admission policy (and RBAC) refused none of the agents' requests", () => {
+  for (const n of nodes) expect({ node: n.name, refused: forbiddenRequests(cluster, n.user) }).toEqual({ node: n.name, refused: [] });
+});

@@ -10,12 +10,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { nodeEvents, putOscSecret, waitApplied } from "../harness/agent.ts";
-import { agentBase as base, agentBinary as bin, type BareNode, bareNode, type BareOscOptions, bareOsc, installAndApprove, pushImage, pushTrellis, upstream } from "../harness/bare-node.ts";
-import { repoRoot, trellisBinary } from "../harness/binary.ts";
-import { grantCsrRbac } from "../harness/bootstrap.ts";
-import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { agentBase as base, agentBinary as bin, type BareNode, bareNode, type BareOscOptions, bareOsc, installAndApprove, pushImage, pushTrellis, startBareWorld, upstream } from "../harness/bare-node.ts";
+import { repoRoot } from "../harness/binary.ts";
+import type { Cluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
-import { type Registry, startRegistry } from "../harness/registry.ts";
+import type { Registry } from "../harness/registry.ts";
 
 const secretName = "gardener-node-agent-pool-e2e";
 
@@ -46,11 +45,7 @@ async function warningAbout(text: string, since: number): Promise<string> {
 }
 
 beforeAll(async () => {
-  const binary = await trellisBinary();
-  [cluster, registry] = await Promise.all([startCluster(), startRegistry()]);
-  await grantCsrRbac(cluster);
-  await pushTrellis(registry, "v1", binary, JSON.parse(await runOk([binary, "version", "--json"])).version);
-  await pushImage(registry, "tools/tool", "v1", tool("tool v1"));
+  ({ cluster, registry } = await startBareWorld(tool("tool v1")));
 }, 300_000);
 
 afterAll(async () => {

@@ -10,16 +10,16 @@ import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { writeLayout } from "../../build/oci-layout.ts";
 import { trellisImageSpec } from "../../build/trellis-image.ts";
 import { type AgentNode, agentRules } from "./agent.ts";
-import { repoRoot } from "./binary.ts";
-import { createBootstrapToken, decideCsr, waitForCsr } from "./bootstrap.ts";
-import type { Cluster } from "./cluster.ts";
+import { repoRoot, trellisBinary } from "./binary.ts";
+import { createBootstrapToken, decideCsr, grantCsrRbac, waitForCsr } from "./bootstrap.ts";
+import { type Cluster, startCluster } from "./cluster.ts";
 import { freePort, runDir, runOk } from "./exec.ts";
 import { bootNode } from "./node.ts";
 import { userWithRules } from "./rbac.ts";
 import { type BridgeRelay, startBridgeRelay } from "./bridge-relay.ts";
 import { writePodNetwork } from "./kubelet.ts";
 import { mirrorHostsToml } from "./kubelet-config.ts";
-import type { Registry } from "./registry.ts";
+import { type Registry, startRegistry } from "./registry.ts";
 
 /** The registry name images are referenced by: it does not resolve, only the mirror serves it. */
 export const upstream = "registry.example.invalid";
@@ -40,6 +40,20 @@ export async function pushTrellis(registry: Registry, tag: string, binary: strin
   const dir = `${layouts}/trellis-${tag}`;
   writeLayout(dir, tag, trellisImageSpec("amd64", readFileSync(binary), { version, commit: "e2e" }), { level: 1 });
   return (await registry.push(dir, "trellis/agent", tag)).digest;
+}
+
+/**
+ * What a bare node is brought up against: a control plane whose controller manager signs approved CSRs
+ * (the CSR rules of docs/rbac.md granted), and a registry holding the compiled trellis as
+ * trellis/agent:v1 and `tool` as tools/tool:v1 (bareOsc's kubelet stand-in lists it).
+ */
+export async function startBareWorld(tool: Record<string, { content: Uint8Array | string; mode: number }>): Promise<{ cluster: Cluster; registry: Registry }> {
+  const binary = await trellisBinary();
+  const [cluster, registry] = await Promise.all([startCluster(), startRegistry()]);
+  await grantCsrRbac(cluster);
+  await pushTrellis(registry, "v1", binary, JSON.parse(await runOk([binary, "version", "--json"])).version);
+  await pushImage(registry, "tools/tool", "v1", tool);
+  return { cluster, registry };
 }
 
 export type BareNode = AgentNode & {
@@ -74,6 +88,10 @@ export type BareNodeOptions = {
    * table included, as most images ship it). Either with `restrict_oom_score_adj` (see below).
    */
   machineContainerd?: "debian" | "containerd-default";
+  /** More Secrets the agent is granted (secretRef files, token secrets) besides the OSC Secret. */
+  secretRefs?: string[];
+  /** controllers.token.syncConfigs of the agent's configuration. */
+  tokenSyncConfigs?: { secretName: string; path: string }[];
 };
 
 /** Boots a bare node with containerd and writes its user data; the agent's RBAC exists (and the Node, unless a worker). */
@@ -106,7 +124,7 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
     const user = nodeAgentUserPrefix + machine;
     const core = cluster.admin().makeApiClient(CoreV1Api);
     if (!opts.worker) await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
-    await userWithRules(cluster, user, (opts.peer?.rules ?? agentRules)([secretName]));
+    await userWithRules(cluster, user, (opts.peer?.rules ?? agentRules)([secretName, ...(opts.secretRefs ?? [])]));
     const token = await createBootstrapToken(cluster);
     const [healthPort, metricsPort] = [await freePort(), await freePort()];
     await node.writeFile(`/etc/containerd/certs.d/${upstream}/hosts.toml`, mirrorHostsToml(upstream, mirror));
@@ -121,6 +139,7 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
           operatingSystemConfig: { secretName, kubernetesVersion: "1.35.4", syncPeriod: "15s" },
           // Kubelet stand-ins serve no /healthz: the agent must not restart them in the middle of a test.
           ...(opts.peer ? {} : { healthCheck: opts.healthCheck ?? { kubeletFailureThreshold: "24h" } }),
+          ...(opts.tokenSyncConfigs ? { token: { syncConfigs: opts.tokenSyncConfigs } } : {}),
         },
       }),
       0o600,

@@ -1,0 +1,268 @@
+// Integration test (src/ in-process against a real kube-apiserver): docs/admission-policy.yaml installed
+// as an operator would, and two node agents A and B, each a client-certificate user holding exactly
+// docs/rbac.md's rules (agentRules). What trellis writes (src/kube/node.ts, events.ts, serial-gate.ts,
+// slots.ts, and the heartbeat Lease as controllers/lease.ts writes it) passes; everything A could do to
+// B's objects with that RBAC alone, or to parts of its own Node it does not own, is refused by the
+// policy, naming what was refused. Reading a Secret A is not granted is refused by RBAC (reads never
+// reach admission).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { ApiException, CoordinationV1Api, CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions, type V1Lease } from "@kubernetes/client-node";
+import { apiClient, type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
+import { KubeError } from "../../src/kube/errors.ts";
+import { createEventRecorder } from "../../src/kube/events.ts";
+import { patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
+import { createSerialGate, microTime } from "../../src/kube/serial-gate.ts";
+import { createSlots } from "../../src/kube/slots.ts";
+import { createLogger } from "../../src/log.ts";
+import { installAdmissionPolicy } from "../harness/admission-policy.ts";
+import { agentRules, registerNode } from "../harness/agent.ts";
+import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { userWithRules } from "../harness/rbac.ts";
+
+const namespace = "kube-system";
+const log = createLogger({ level: "error" });
+const pool = { a: "gardener-node-agent-pool-a", b: "gardener-node-agent-pool-b" };
+type Agent = { name: string; kube: Kube; core: CoreV1Api; leases: CoordinationV1Api; uid: string };
+
+let cluster: Cluster;
+let admin: CoreV1Api;
+let a: Agent;
+let b: Agent;
+
+async function agent(name: string, secret: string): Promise<Agent> {
+  await registerNode(admin, name);
+  const rules = [...agentRules([secret]), { namespace: "default", rules: [{ apiGroups: ["events.k8s.io"], resources: ["events"], verbs: ["create"] }] }];
+  const { kube } = await userWithRules(cluster, nodeAgentUserPrefix + name, rules);
+  const uid = (await admin.readNode({ name })).metadata?.uid as string;
+  return { name, kube, core: apiClient(kube, CoreV1Api), leases: apiClient(kube, CoordinationV1Api), uid };
+}
+
+beforeAll(async () => {
+  cluster = await startCluster({ controllerManager: false });
+  admin = cluster.admin().makeApiClient(CoreV1Api);
+  await installAdmissionPolicy(cluster);
+  for (const s of Object.values(pool)) await admin.createNamespacedSecret({ namespace, body: { metadata: { name: s }, stringData: { "osc.yaml": "{}" } } });
+  [a, b] = [await agent("node-a", pool.a), await agent("node-b", pool.b)];
+}, 120_000);
+
+afterAll(async () => {
+  await cluster?.stop();
+});
+
+/** What the API server answered a refused request: status code and message (the test fails if it succeeded). */
+async function refusal(p: Promise<unknown>): Promise<{ code: number | undefined; message: string }> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  if (err instanceof KubeError) return { code: err.status, message: err.message };
+  if (err instanceof ApiException) return { code: err.code, message: statusMessage(err.body) };
+  throw new Error(`expected the API server to refuse the request, got ${err === undefined ? "success" : String(err)}`);
+}
+/** The message of a Status body, which client-node leaves as JSON text. */
+function statusMessage(body: unknown): string {
+  try {
+    return String((JSON.parse(String(body)) as { message?: unknown }).message);
+  } catch {
+    return String(body);
+  }
+}
+const byPolicy = (policy: string) => `ValidatingAdmissionPolicy 'trellis-node-agent-${policy}'`;
+
+/** The heartbeat Lease as controllers/lease.ts writes it. */
+function heartbeat(of: Agent, base?: V1Lease): V1Lease {
+  const name = `gardener-node-agent-${of.name}`;
+  return {
+    metadata: { ...base?.metadata, name, namespace, ownerReferences: [{ apiVersion: "v1", kind: "Node", name: of.name, uid: of.uid, controller: true }] },
+    spec: { holderIdentity: name, leaseDurationSeconds: 40, renewTime: microTime(new Date()) },
+  };
+}
+
+describe("an agent writes what trellis writes to its own objects", () => {
+  test("its Node's labels and annotations, the zone label once, and the restart annotation removed", async () => {
+    await patchNodeMetadata(a.kube, a.name, {
+      labels: { "worker.gardener.cloud/kubernetes-version": "1.35.4", "worker.gardener.cloud/gardener-node-agent-secret-name": pool.a, "node-role.kubernetes.io/worker": "", "topology.kubernetes.io/zone": "zone-1" },
+      annotations: { "checksum/cloud-config-data": "c1", "trellis.dev/effective-checksum": "c2" },
+    });
+    await patchNodeMetadata(a.kube, a.name, { annotations: { "trellis.dev/effective-checksum": null } });
+    await admin.patchNode({ name: a.name, body: { metadata: { annotations: { "worker.gardener.cloud/restart-systemd-services": "kubelet" } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+    const node = await patchNodeMetadata(a.kube, a.name, { annotations: { "worker.gardener.cloud/restart-systemd-services": null } });
+    expect(node.metadata?.labels?.["topology.kubernetes.io/zone"]).toBe("zone-1");
+    expect(node.metadata?.annotations).toMatchObject({ "checksum/cloud-config-data": "c1" });
+    expect(node.metadata?.annotations?.["worker.gardener.cloud/restart-systemd-services"]).toBeUndefined();
+  });
+
+  test("a label it does not own, patched to the value it already has (trellis patches node-role on a control-plane node that way)", async () => {
+    await admin.patchNode({ name: a.name, body: { metadata: { labels: { "node-role.kubernetes.io/control-plane": "" } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+    await patchNodeMetadata(a.kube, a.name, { labels: { "node-role.kubernetes.io/control-plane": "", "worker.gardener.cloud/kubernetes-version": "1.35.5" } });
+    await admin.patchNode({ name: a.name, body: { metadata: { labels: { "node-role.kubernetes.io/control-plane": null } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+  });
+
+  test("its own conditions", async () => {
+    for (const type of ["OperatingSystemConfigApplied", "SystemdUnitsReady", "OperatingSystemConfigRollout"]) {
+      await patchNodeCondition(a.kube, a.name, { type, status: "True", reason: "Test", message: "fine" });
+    }
+    const node = await patchNodeCondition(a.kube, a.name, { type: "OperatingSystemConfigApplied", status: "False", reason: "Test", message: "changed" });
+    expect(node.status?.conditions?.map((c) => c.type).sort()).toEqual(["OperatingSystemConfigApplied", "OperatingSystemConfigRollout", "SystemdUnitsReady"]);
+  });
+
+  test("its heartbeat Lease: created and renewed", async () => {
+    const created = await a.leases.createNamespacedLease({ namespace, body: heartbeat(a) });
+    await a.leases.replaceNamespacedLease({ name: created.metadata?.name as string, namespace, body: heartbeat(a, created) });
+    await b.leases.createNamespacedLease({ namespace, body: heartbeat(b) });
+  });
+
+  test("the serial Lease of its pool and the slots: taken, renewed, given back", async () => {
+    const uid = (await admin.readNamespacedSecret({ name: pool.a, namespace })).metadata?.uid as string;
+    const gate = createSerialGate({ kube: a.kube, secret: { name: pool.a, namespace, uid }, identity: a.name, log });
+    expect(await gate.acquire()).toEqual({ held: true });
+    await gate.renew();
+    await gate.release();
+    const slots = createSlots({ kube: a.kube, secret: { name: pool.a, namespace, uid }, identity: a.name, log });
+    const taken = await slots.acquire(2, "c1", async () => false);
+    expect(taken).toEqual({ held: true, slot: `${pool.a}-slot-0` });
+    await slots.renew(`${pool.a}-slot-0`, "c1");
+    await slots.markFailed(`${pool.a}-slot-0`, "c1", "health gate failed");
+    await slots.release(`${pool.a}-slot-0`);
+  });
+
+  test("events about its Node, and repeats of them", async () => {
+    const events = createEventRecorder({ kube: a.kube, log });
+    const event = { node: { name: a.name, uid: a.uid }, type: "Normal" as const, reason: "OSCApplied", message: "applied" };
+    expect(await events.record(event)).toBeUndefined();
+    expect(await events.record(event)).toBeUndefined();
+  });
+});
+
+describe("agent A cannot touch B's objects", () => {
+  const merge = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
+
+  test("B's Node: labels, annotations, conditions", async () => {
+    for (const meta of [{ labels: { "worker.gardener.cloud/kubernetes-version": "1.0.0" } }, { annotations: { "checksum/cloud-config-data": "forged" } }]) {
+      const r = await refusal(patchNodeMetadata(a.kube, b.name, meta));
+      expect(r.code).toBe(403);
+      expect(r.message).toContain(byPolicy("nodes"));
+      expect(r.message).toContain(`may change only its own Node node-a, not Node node-b`);
+    }
+    const r = await refusal(patchNodeCondition(a.kube, b.name, { type: "OperatingSystemConfigApplied", status: "False", reason: "Forged", message: "forged" }));
+    expect(r.message).toContain(`may change only its own Node node-a, not Node node-b`);
+  });
+
+  test("B's heartbeat Lease: renewed, taken, or created in its place", async () => {
+    const name = `gardener-node-agent-${b.name}`;
+    const lease = await a.leases.readNamespacedLease({ name, namespace });
+    for (const body of [heartbeat(b, lease), { ...lease, spec: { ...lease.spec, holderIdentity: a.name } }]) {
+      const r = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body }));
+      expect(r.code).toBe(403);
+      expect(r.message).toContain(byPolicy("leases"));
+      expect(r.message).toContain(`may write only its own Lease gardener-node-agent-node-a and rollout Leases`);
+    }
+    const r = await refusal(a.leases.createNamespacedLease({ namespace, body: { ...heartbeat(b), metadata: { ...heartbeat(b).metadata, name: "gardener-node-agent-node-gone" } } }));
+    expect(r.message).toContain(`not gardener-node-agent-node-gone`);
+  });
+
+  test("B's hold on a serial or slot Lease: renewed for B, or let go", async () => {
+    const uid = (await admin.readNamespacedSecret({ name: pool.b, namespace })).metadata?.uid as string;
+    const secret = { name: pool.b, namespace, uid };
+    expect(await createSerialGate({ kube: b.kube, secret, identity: b.name, log }).acquire()).toEqual({ held: true });
+    expect(await createSlots({ kube: b.kube, secret, identity: b.name, log }).acquire(1, "c1", async () => false)).toEqual({ held: true, slot: `${pool.b}-slot-0` });
+    for (const name of [pool.b, `${pool.b}-slot-0`]) {
+      const held = await a.leases.readNamespacedLease({ name, namespace });
+      const renewedForB = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...held, spec: { ...held.spec, renewTime: microTime(new Date()) } } }));
+      expect(renewedForB.message).toContain(`may hold Lease ${name} only for itself, not for node-b`);
+      const released = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...held, spec: { ...held.spec, holderIdentity: undefined } } }));
+      expect(released.message).toContain(`may not change Lease ${name} for its holder node-b`);
+    }
+  });
+
+  test("what the policy cannot refuse: taking over B's serial Lease while B still renews it (it cannot read the time)", async () => {
+    const held = await a.leases.readNamespacedLease({ name: pool.b, namespace });
+    const taken = await a.leases.replaceNamespacedLease({ name: pool.b, namespace, body: { ...held, spec: { ...held.spec, holderIdentity: a.name } } });
+    expect(taken.spec?.holderIdentity).toBe(a.name);
+  });
+
+  test("Leases that are neither its heartbeat nor a rollout Lease, e.g. a leader election", async () => {
+    const body: V1Lease = { metadata: { name: "kube-scheduler", namespace, ownerReferences: [{ apiVersion: "v1", kind: "Secret", name: "kube-scheduler", uid: "x", controller: true }] }, spec: { holderIdentity: a.name } };
+    const r = await refusal(a.leases.createNamespacedLease({ namespace, body }));
+    expect(r.message).toContain("not kube-scheduler");
+  });
+
+  test("an Event about B's Node, core/v1 and events.k8s.io/v1; and a repeat of one", async () => {
+    const ke = await createEventRecorder({ kube: a.kube, log }).record({ node: { name: b.name, uid: "" }, type: "Warning", reason: "Forged", message: "forged" });
+    expect(ke?.status).toBe(403);
+    expect(ke?.message).toContain(`may write only Events about its own Node node-a, not about Node node-b`);
+    const r = await refusal(
+      apiClient(a.kube, EventsV1Api).createNamespacedEvent({
+        namespace: "default",
+        body: { metadata: { name: "forged" }, regarding: { kind: "Node", name: b.name }, reason: "Forged", action: "Forged", eventTime: microTime(new Date()), reportingController: "x", reportingInstance: "x", type: "Normal" },
+      }),
+    );
+    expect(r.message).toContain(`not about Node node-b`);
+    const bEvents = createEventRecorder({ kube: b.kube, log });
+    expect(await bEvents.record({ node: { name: b.name, uid: b.uid }, type: "Normal", reason: "OSCApplied", message: "b" })).toBeUndefined();
+    const event = (await admin.listNamespacedEvent({ namespace: "default", fieldSelector: `involvedObject.name=${b.name}` })).items[0];
+    const bumped = await refusal(a.core.patchNamespacedEvent({ name: event?.metadata?.name as string, namespace: "default", body: { count: 7 } }, merge));
+    expect(bumped.message).toContain(`not about Node node-b`);
+  });
+
+  test("a Secret it is not granted (RBAC: reads never reach admission)", async () => {
+    const reads = [
+      () => a.core.readNamespacedSecret({ name: pool.b, namespace }),
+      () => a.core.listNamespacedSecret({ namespace }),
+      () => a.core.listNamespacedSecret({ namespace, fieldSelector: `metadata.name=${pool.b}` }),
+    ];
+    for (const read of reads) {
+      const r = await refusal(read());
+      expect(r.code).toBe(403);
+      expect(r.message).toContain(`User "${nodeAgentUserPrefix}node-a" cannot`);
+    }
+    expect((await a.core.readNamespacedSecret({ name: pool.a, namespace })).metadata?.name).toBe(pool.a);
+  });
+});
+
+describe("agent A cannot change what it does not own on its own Node", () => {
+  const merge = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
+  const denied = async (what: string, p: Promise<unknown>, says: string) => {
+    const r = await refusal(p);
+    expect(r.code, what).toBe(403);
+    expect(r.message, what).toContain(byPolicy("nodes"));
+    expect(r.message, what).toContain(says);
+  };
+
+  test("labels: node-role control-plane, the zone once set, the hostname, the pause label", async () => {
+    for (const [label, value] of [
+      ["node-role.kubernetes.io/control-plane", ""],
+      ["topology.kubernetes.io/zone", "zone-2"],
+      ["topology.kubernetes.io/zone", null],
+      ["kubernetes.io/hostname", "node-b"],
+      ["rollout.trellis.dev/paused", "false"],
+      ["node-restriction.kubernetes.io/trusted", "true"],
+    ] as const) {
+      await denied(`label ${label}`, patchNodeMetadata(a.kube, a.name, { labels: { [label]: value } }), `may not change label(s) ${label} of Node node-a`);
+    }
+  });
+
+  test("annotations: the reconciliation delay, a restart request", async () => {
+    for (const key of ["node-agent.gardener.cloud/reconciliation-delay", "worker.gardener.cloud/restart-systemd-services"]) {
+      await denied(`annotation ${key}`, patchNodeMetadata(a.kube, a.name, { annotations: { [key]: "1m" } }), `may not change annotation(s) ${key} of Node node-a`);
+    }
+  });
+
+  test("kubelet's conditions, the rest of the status, the spec, owners", async () => {
+    await denied("Ready", patchNodeCondition(a.kube, a.name, { type: "Ready", status: "True", reason: "Forged", message: "forged" }), "may not change condition(s) Ready of Node node-a");
+    const status = setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch);
+    await denied("addresses", a.core.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "InternalIP", address: "10.9.9.9" }] } } }, status), "may change only conditions in the status of Node node-a");
+    await denied("unschedulable", a.core.patchNode({ name: a.name, body: { spec: { unschedulable: true } } }, merge), "may not change the spec of Node node-a");
+    await denied("taints", a.core.patchNode({ name: a.name, body: { spec: { taints: [{ key: "x", effect: "NoSchedule" }] } } }, merge), "may not change the spec of Node node-a");
+    await denied("finalizers", a.core.patchNode({ name: a.name, body: { metadata: { finalizers: ["example.com/keep"] } } }, merge), "may not change the owners or finalizers of Node node-a");
+  });
+
+  test("a user in group gardener.cloud:node-agents whose name names no machine changes no Node", async () => {
+    const user = "not-a-machine";
+    await userWithRules(cluster, user, [{ rules: [{ apiGroups: [""], resources: ["nodes"], verbs: ["patch"] }] }]);
+    const { kubeconfig } = await cluster.clientCertUser(user, ["gardener.cloud:node-agents"]);
+    const kube = kubeFromConnection({ kind: "kubeconfig", path: kubeconfig });
+    await denied("no machine", patchNodeMetadata(kube, a.name, { annotations: { "checksum/cloud-config-data": "x" } }), `node agent ${user} names no machine`);
+  });
+});
