@@ -253,6 +253,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       images: deps.images,
       log,
       signal: stopping.signal,
+      provenance: layered.value.provenance,
     });
     if (!resolved.ok) {
       const wait = await invalid(checksum, resolved.errors);
