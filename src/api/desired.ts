@@ -5,6 +5,7 @@
 import { createHash } from "node:crypto";
 import * as v from "valibot";
 import { decodeBase64 } from "./base64.ts";
+import { baseLayer, fileEntry, type Provenance, unitEntry } from "./layers.ts";
 import { formatIssues } from "./issues.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema, type OscFile, type OscUnit } from "./osc.ts";
 import { dropInPath, nodePathProblem, unitFilePath, writablePathProblem } from "./paths.ts";
@@ -91,13 +92,22 @@ export type ResolveContext = {
   /** Extracted image files by imageKey. */
   images: ReadonlyMap<string, ImageFileResult>;
   source: string;
+  /** Where each entry came from when the Secret has overlays (layers.ts): an error names the overlay. */
+  provenance?: Provenance;
 };
+
+// A path of thousands of bytes would push the problem itself out of a Warning event (1 kB).
+const shown = (path: string) => (path.length > 160 ? `${path.slice(0, 150)}…` : path);
 
 export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext): Result<Desired> {
   const errors: string[] = [];
   const unsupported: string[] = [];
   const keep: string[] = [];
   const fail = (where: string, msg: string) => errors.push(`${ctx.source}: ${where}: ${msg}`);
+  const layer = (entry: string) => {
+    const from = ctx.provenance?.get(entry);
+    return from && from !== baseLayer ? ` in ${from}` : "";
+  };
 
   const files: DesiredFile[] = [];
   const fileOrigins = new Map<string, string>();
@@ -107,7 +117,7 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
   ];
   for (const [list, entries] of fileLists) {
     entries.forEach((f, i) => {
-      const where = `${list}[${i}] (${f.path})`;
+      const where = `${list}[${i}] (${shown(f.path)})${layer(fileEntry(f.path))}`;
       if (f.hostName != null && f.hostName !== ctx.hostName) return;
       const problem = writablePathProblem(f.path);
       const earlier = fileOrigins.get(f.path);
@@ -126,7 +136,7 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
   const units = mergeUnits(osc.spec.units ?? [], osc.status?.extensionUnits ?? [], fail);
   const managedPaths = new Map<string, string>();
   for (const u of units) {
-    const where = `unit ${u.name}`;
+    const where = `unit ${u.name}${layer(unitEntry(u.name))}`;
     if (!unitName.test(u.name)) {
       fail(where, "name must be a systemd unit name like kubelet.service (letters, digits, :_.\\@-, a unit type suffix, no /)");
       continue;
@@ -146,7 +156,7 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
     }
     for (const p of u.filePaths) {
       const problem = nodePathProblem(p);
-      if (problem) fail(`${where}.filePaths (${p})`, `path ${problem}`);
+      if (problem) fail(`${where}.filePaths (${shown(p)})`, `path ${problem}`);
     }
   }
   for (const f of files) {

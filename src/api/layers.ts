@@ -13,6 +13,7 @@
 import { createHash } from "node:crypto";
 import * as v from "valibot";
 import { formatIssues } from "./issues.ts";
+import { oscDataKey } from "./paths.ts";
 import { FileSchema, type OperatingSystemConfig, type OscFile, type OscUnit, UnitSchema } from "./osc.ts";
 import type { Result } from "./result.ts";
 import { matches, parseSelector, type Selector } from "./selector.ts";
@@ -69,6 +70,7 @@ export function parseOverlays(data: Readonly<Record<string, Uint8Array>>, source
 
 /** Where an entry of the layered OSC came from: "osc.yaml", or the overlay's key and rank. */
 export type Provenance = Map<string, string>;
+export const baseLayer = oscDataKey;
 export const unitEntry = (name: string) => `unit ${name}`;
 export const fileEntry = (path: string) => `file ${path}`;
 
@@ -80,8 +82,8 @@ export function layerOsc(base: OperatingSystemConfig, overlays: readonly Overlay
   const provenance: Provenance = new Map();
   const baseUnits = [...(base.spec.units ?? []), ...(base.status?.extensionUnits ?? [])];
   const baseFiles = [...(base.spec.files ?? []), ...(base.status?.extensionFiles ?? [])];
-  for (const u of baseUnits) provenance.set(unitEntry(u.name), "osc.yaml");
-  for (const f of baseFiles) provenance.set(fileEntry(f.path), "osc.yaml");
+  for (const u of baseUnits) provenance.set(unitEntry(u.name), baseLayer);
+  for (const f of baseFiles) provenance.set(fileEntry(f.path), baseLayer);
   if (matched.length === 0) return { ok: true, value: { osc: base, provenance, matched } };
 
   type Candidate<T> = { layer: string; rank: Rank; entry: T };

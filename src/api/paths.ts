@@ -32,9 +32,16 @@ export const agentUnit = "gardener-node-agent.service";
 /** Key of the OSC in the OSC Secret's data. */
 export const oscDataKey = "osc.yaml";
 
+// Linux's PATH_MAX (with its NUL) and NAME_MAX, in bytes: a longer path or name fails only when it is
+// written, which is too late for the files written before it.
+const maxPathBytes = 4095;
+const maxNameBytes = 255;
+const utf8Bytes = (s: string) => new TextEncoder().encode(s).byteLength;
+
 /**
  * Why `path` is not an acceptable absolute node path, or undefined when it is: it must be absolute
- * and normalised (no "." or ".." segments, no "//", no trailing "/"), with no NUL byte.
+ * and normalised (no "." or ".." segments, no "//", no trailing "/"), with no NUL byte, and within
+ * Linux's length limits.
  */
 export function nodePathProblem(path: string): string | undefined {
   if (path.includes("\0")) return "contains a NUL byte";
@@ -42,7 +49,12 @@ export function nodePathProblem(path: string): string | undefined {
   if (path === "/") return undefined;
   if (path.endsWith("/")) return "has a trailing slash";
   if (path.includes("//")) return 'has an empty segment ("//")';
-  if (path.split("/").some((seg) => seg === "." || seg === "..")) return 'has a "." or ".." segment';
+  const segments = path.split("/");
+  if (segments.some((seg) => seg === "." || seg === "..")) return 'has a "." or ".." segment';
+  const bytes = utf8Bytes(path);
+  if (bytes > maxPathBytes) return `is ${bytes} bytes long, more than Linux's limit of ${maxPathBytes}`;
+  const long = segments.find((seg) => utf8Bytes(seg) > maxNameBytes);
+  if (long !== undefined) return `has a name of ${utf8Bytes(long)} bytes, more than Linux's limit of ${maxNameBytes}`;
   return undefined;
 }
 

@@ -59,6 +59,8 @@ export function parseYaml(text: string, source: string, limits: YamlLimits = osc
   const fail = (msg: string): Result<unknown> => ({ ok: false, errors: [`${source}: ${msg}`] });
   // Characters are at most bytes: a text within the byte cap passes, a larger one is refused before any work.
   if (text.length > limits.maxBytes) return fail(`is more than ${limits.maxBytes} bytes`);
+  const control = unprintable.exec(text);
+  if (control) return fail(`not valid YAML: the control character U+${(control[0].codePointAt(0) as number).toString(16).toUpperCase().padStart(4, "0")} is not allowed${lineAndColumn(text, control.index)}`);
   const lines = new LineCounter();
   const docs: Document.Parsed[] = [];
   try {
@@ -70,7 +72,7 @@ export function parseYaml(text: string, source: string, limits: YamlLimits = osc
   }
   if (docs.length > 1) return fail("holds more than one YAML document");
   const doc = docs[0];
-  if (!doc) return fail("is empty");
+  if (!doc || doc.contents === null) return fail("is empty");
   const at = (offset: number) => {
     const pos = lines.linePos(offset);
     return ` at line ${pos.line}, column ${pos.col}`;
@@ -81,6 +83,15 @@ export function parseYaml(text: string, source: string, limits: YamlLimits = osc
   if (problem) return fail(problem);
   return { ok: true, value: doc.toJS({ maxAliasCount: -1 }) };
 }
+
+// YAML 1.1's printable characters, as Go's reader (which Gardener's OSC goes through) checks them: any
+// other control character (a raw NUL, ESC, DEL …) is refused, wherever it is, before it reaches a file.
+const unprintable = /[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\u{10000}-\u{10ffff}]/u;
+
+const lineAndColumn = (text: string, offset: number): string => {
+  const before = text.slice(0, offset);
+  return ` at line ${before.split("\n").length}, column ${offset - before.lastIndexOf("\n")}`;
+};
 
 // Flow brackets are lexemes of their own (inside a quoted or plain scalar they are part of the scalar's
 // lexeme), so their nesting is known while lexing: a deep nest is refused before it is built.

@@ -10,6 +10,7 @@ import {
   resolveDesired,
   secretRefsOf,
 } from "../api/desired.ts";
+import type { Provenance } from "../api/layers.ts";
 import { managesContainerd, type RegistryConfig } from "../api/cri-config.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
@@ -32,6 +33,8 @@ export type NodeInputs = {
   log: Logger;
   /** Aborts image downloads (the agent is stopping). */
   signal?: AbortSignal;
+  /** Where each unit and file came from, when the Secret's overlays were layered onto the OSC. */
+  provenance?: Provenance;
 };
 
 /** At most this many images are fetched at once: enough to overlap round trips, few enough for a small node. */
@@ -55,7 +58,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   // The OSC's own mirrors serve its images, also on the first apply that writes them.
   const hostsToml = new Map(cd?.value.hostsFiles.map((h) => [h.upstream, h.content]));
   const images = await fetchImages(osc, inputs, hostsToml);
-  const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source });
+  const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source, ...(inputs.provenance ? { provenance: inputs.provenance } : {}) });
   if (!resolved.ok) return { ...resolved, retry: [...images.values()].some((i) => !i.ok) };
   let desired: Desired;
   let waitingFor: string[] = [];

@@ -10,6 +10,7 @@ import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, parseOscBytes } from "../api/desired.ts";
 import { layeredChecksum, layerOsc, parseOverlays } from "../api/layers.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
+import { parseRolloutSettings } from "../api/rollout.ts";
 import { oscYamlLimits, parseYaml } from "../api/yaml.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
 import { type Files, hostPathUnder } from "../host/files.ts";
@@ -31,9 +32,12 @@ const secretFormLimits = { ...oscYamlLimits, maxBytes: Math.ceil((oscYamlLimits.
  * temporary directory outside the root that is removed afterwards (plan, which changes nothing).
  */
 export async function readOscFile(path: string, files: Files, log: Logger, opts: { host?: string; labels?: Record<string, string>; imageCache: "node" | "throwaway" }): Promise<OscInput> {
-  const { bytes, source, overlayData } = oscBytesOf(path, readFileSync(path));
+  const { bytes, source, overlayData, annotations } = oscBytesOf(path, readFileSync(path));
   const parsed = parseOscBytes(bytes, source);
   if (!parsed.ok) throw new OscInputError(parsed.errors.join("\n"));
+  // The agent refuses a Secret whose rollout settings are bad: so does the plan of it.
+  const rollout = parseRolloutSettings(annotations, source);
+  if (!rollout.ok) throw new OscInputError(rollout.errors.join("\n"));
   const overlays = parseOverlays(overlayData, source);
   if (!overlays.ok) throw new OscInputError(overlays.errors.join("\n"));
   const layered = layerOsc(parsed.value, overlays.value, opts.labels ?? {}, source);
@@ -41,7 +45,7 @@ export async function readOscFile(path: string, files: Files, log: Logger, opts:
   const cacheDir = opts.imageCache === "node" ? hostPathUnder(files.root, paths.imageCache) : await mkdtemp(join(tmpdir(), "trellis-plan-images-"));
   try {
     const images = createImageStore({ cacheDir, hostsDir: hostPathUnder(files.root, paths.containerdHostsDir), arch: archOf(process.arch), log });
-    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: opts.host ?? hostname(), images, log });
+    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: opts.host ?? hostname(), images, log, provenance: layered.value.provenance });
     if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
     return {
       bytes,
@@ -54,8 +58,10 @@ export async function readOscFile(path: string, files: Files, log: Logger, opts:
   }
 }
 
-/** The OSC's bytes: the file itself, or data["osc.yaml"] of the Secret in it (decoded strictly), and the Secret's overlays. */
-function oscBytesOf(path: string, raw: Uint8Array): { bytes: Uint8Array; source: string; overlayData: Record<string, Uint8Array> } {
+type OscBytes = { bytes: Uint8Array; source: string; overlayData: Record<string, Uint8Array>; annotations?: Record<string, string> };
+
+/** The OSC's bytes: the file itself, or data["osc.yaml"] of the Secret in it (decoded strictly), and the Secret's overlays and annotations. */
+function oscBytesOf(path: string, raw: Uint8Array): OscBytes {
   const text = new TextDecoder().decode(raw.subarray(0, Math.min(raw.byteLength, secretFormLimits.maxBytes + 1)));
   const doc = raw.byteLength <= secretFormLimits.maxBytes ? parseYaml(text, path, secretFormLimits) : undefined;
   // Anything that is not a Secret is read as the OSC itself, whose parse names its problems.
@@ -69,9 +75,9 @@ function oscBytesOf(path: string, raw: Uint8Array): { bytes: Uint8Array; source:
     return bytes;
   };
   const overlayData = Object.fromEntries(Object.keys(secret.data ?? {}).filter((k) => k.startsWith("overlay")).map((k) => [k, decode(k)]));
-  return { bytes: decode(oscDataKey), source: path, overlayData };
+  return { bytes: decode(oscDataKey), source: path, overlayData, ...(secret.metadata?.annotations ? { annotations: secret.metadata.annotations } : {}) };
 }
 
-function isSecret(doc: unknown): doc is { data?: Record<string, unknown> } {
+function isSecret(doc: unknown): doc is { data?: Record<string, unknown>; metadata?: { annotations?: Record<string, string> } } {
   return typeof doc === "object" && doc !== null && (doc as { kind?: unknown }).kind === "Secret";
 }

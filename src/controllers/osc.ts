@@ -253,6 +253,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       images: deps.images,
       log,
       signal: stopping.signal,
+      provenance: layered.value.provenance,
     });
     if (!resolved.ok) {
       const wait = await invalid(checksum, resolved.errors);
@@ -489,9 +490,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // The node keeps its last good state; the Secret's next change wakes the controller again.
     log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
     const current = deps.node.current();
+    // Once per problem, not per checksum: the checksum is osc.yaml's, and a Secret whose overlays or
+    // rollout annotations change keeps it, so a new problem there would otherwise never be reported.
     const reported = note(checksum).reported;
-    if (current && !reported.has("invalid")) {
-      reported.add("invalid");
+    const key = `invalid/${errors.join("\n")}`;
+    if (current && !reported.has(key)) {
+      reported.add(key);
       await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
       await setCondition(current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
     }

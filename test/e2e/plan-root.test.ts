@@ -3,11 +3,11 @@
 // and it resolves paths by the same rule as the agent on a node: symlinks within the root, only
 // root-owned ones followed.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash } from "node:crypto";
-import { lchownSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, symlinkSync, writeFileSync } from "node:fs";
+import { lchownSync, mkdirSync, mkdtempSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { stringify } from "yaml";
 import { trellisBinary } from "../harness/binary.ts";
 import { run, runDir } from "../harness/exec.ts";
+import { fingerprint } from "../harness/fingerprint.ts";
 import { buildImageLayout } from "../harness/oci.ts";
 import { type Registry, startRegistry } from "../harness/registry.ts";
 
@@ -23,22 +23,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await registry?.stop();
 });
-
-/** Every entry under `dir` with its kind, mode, owner and content (or link target): a tree's fingerprint. */
-function fingerprint(dir: string): string[] {
-  const out: string[] = [];
-  const walk = (rel: string) => {
-    for (const name of readdirSync(`${dir}${rel}`).sort()) {
-      const p = `${rel}/${name}`;
-      const st = lstatSync(`${dir}${p}`);
-      const what = st.isSymbolicLink() ? `-> ${readlinkSync(`${dir}${p}`)}` : st.isFile() ? createHash("sha256").update(readFileSync(`${dir}${p}`)).digest("hex") : "";
-      out.push(`${p} ${st.mode.toString(8)} ${st.uid} ${what}`);
-      if (st.isDirectory()) walk(p);
-    }
-  };
-  walk("");
-  return out;
-}
 
 const osc = (files: unknown[]) =>
   stringify({

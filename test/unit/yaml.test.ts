@@ -76,6 +76,16 @@ describe("what Go's yaml refuses or reads differently", () => {
     expect(refusal('spec:\n  x: "open\n')).toMatch(/not valid YAML: .* at line \d+, column \d+$/);
   });
 
+  test("a control character outside YAML's printable set is refused with its line and column, as Go's reader does", () => {
+    expect(refusal("a: 1\nb: x\u001b[2J\n")).toBe(`${SOURCE}: not valid YAML: the control character U+001B is not allowed at line 2, column 5`);
+    for (const c of ["\u0000", "\u007f", "\u0008", "\u0090"]) expect(refusal(`a: "${c}"\n`)).toContain("is not allowed");
+    expect(value("\ufeffa: \"tab\there, NEL\u0085, 🌱\"\r\n")).toEqual({ a: "tab\there, NEL\u0085, 🌱" });
+  });
+
+  test("a document of comments only is empty", () => {
+    expect(refusal("# nothing\n")).toBe(`${SOURCE}: is empty`);
+  });
+
   test("YAML 1.1 as Go reads it: octal 0644, yes/no booleans, merge keys", () => {
     expect(value("mode: 0644\non: yes\noff: no\n")).toEqual({ mode: 0o644, true: true, false: false });
     expect(value("base: &b {a: 1, b: 2}\nx:\n  <<: *b\n  b: 3\n")).toEqual({ base: { a: 1, b: 2 }, x: { a: 1, b: 3 } });
