@@ -10,7 +10,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { nodeEvents, putOscSecret, waitApplied } from "../harness/agent.ts";
-import { agentBase as base, agentBinary as bin, type BareNode, bareNode, type BareOscOptions, bareOsc, installAndApprove, pushImage, pushTrellis, startBareWorld, upstream } from "../harness/bare-node.ts";
+import { agentBase as base, agentBinary as bin, type BareNode, bareNode, type BareOscOptions, bareOsc, installAndApprove, pushImage, pushTrellis, startBareWorld, stopBareWorld, upstream } from "../harness/bare-node.ts";
 import { repoRoot } from "../harness/binary.ts";
 import type { Cluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
@@ -48,11 +48,7 @@ beforeAll(async () => {
   ({ cluster, registry } = await startBareWorld(tool("tool v1")));
 }, 300_000);
 
-afterAll(async () => {
-  await agent?.stop();
-  await registry?.stop();
-  await cluster?.stop();
-}, 60_000);
+afterAll(() => stopBareWorld({ agent, registry, cluster }), 60_000);
 
 describe("a bare machine becomes a node", () => {
   test("install.sh through a mirror → bootstrap → CSR approved → agent running → OSC applied", async () => {

@@ -11,7 +11,7 @@ import { CoreV1Api } from "@kubernetes/client-node";
 import { parse, stringify } from "yaml";
 import { statusPath } from "../../src/api/status-file.ts";
 import { mainPid, putOscSecret, waitApplied } from "../harness/agent.ts";
-import { agentBase as base, agentBinary, type BareNode, bareNode, bareOsc, installAndApprove, startBareWorld } from "../harness/bare-node.ts";
+import { agentBase as base, agentBinary, type BareNode, bareNode, bareOsc, installAndApprove, startBareWorld, stopBareWorld } from "../harness/bare-node.ts";
 import type { Cluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 import type { Registry } from "../harness/registry.ts";
@@ -76,11 +76,7 @@ beforeAll(async () => {
   );
 }, 300_000);
 
-afterAll(async () => {
-  await agent?.stop();
-  await registry?.stop();
-  await cluster?.stop();
-}, 60_000);
+afterAll(() => stopBareWorld({ agent, registry, cluster }), 60_000);
 
 /** Every form a credential could leak in: itself, base64 of it, and for a PEM key each line of its body. */
 function needles(): [string, string][] {

@@ -56,6 +56,13 @@ export async function startBareWorld(tool: Record<string, { content: Uint8Array 
   return { cluster, registry };
 }
 
+/** Stops what a bare-machine test started, the node first (it reaches the registry and the API server). */
+export async function stopBareWorld(w: { agent: BareNode | undefined; registry: Registry | undefined; cluster: Cluster | undefined }): Promise<void> {
+  await w.agent?.stop();
+  await w.registry?.stop();
+  await w.cluster?.stop();
+}
+
 export type BareNode = AgentNode & {
   machine: string;
   bootstrapUser: string;
