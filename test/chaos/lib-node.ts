@@ -13,7 +13,7 @@ import type { Node } from "../harness/node.ts";
 import { prng } from "../harness/prng.ts";
 
 export const agentUnitName = "gardener-node-agent.service";
-export const statePath = "/var/lib/gardener-node-agent/trellis/state.json";
+const statePath = "/var/lib/gardener-node-agent/trellis/state.json";
 const checksumAnnotation = "checksum/cloud-config-data";
 const sha = (b: string | Uint8Array) => createHash("sha256").update(b).digest("hex");
 
@@ -185,7 +185,7 @@ export function unexpectedStarts(before: NodeLook, after: NodeLook, from: ChaosO
 }
 
 /** Restarts a unit got beyond the one owed (kill -9 between a restart and its checkpoint redoes it). */
-export function redoneRestarts(before: NodeLook, after: NodeLook, from: ChaosOsc, to: ChaosOsc): number {
+function redoneRestarts(before: NodeLook, after: NodeLook, from: ChaosOsc, to: ChaosOsc): number {
   let n = 0;
   for (const [name, u] of to.units) {
     const owed = from.units.get(name)?.listedSha !== u.listedSha || from.units.get(name)?.unitFileSha !== u.unitFileSha;
@@ -204,7 +204,7 @@ export type AnnotationWatch = {
   stop(): void;
 };
 
-export function watchChecksumAnnotation(kc: KubeConfig, nodeName: string): AnnotationWatch {
+function watchChecksumAnnotation(kc: KubeConfig, nodeName: string): AnnotationWatch {
   const changes: string[] = [];
   let current: string | undefined;
   let stopped = false;
@@ -274,7 +274,6 @@ export type Rig = {
   agent: AgentNode;
   node: Node;
   annotation: AnnotationWatch;
-  secretName: string;
   put(osc: ChaosOsc): Promise<void>;
   stop(): Promise<void>;
 };
@@ -300,7 +299,7 @@ export async function startRig(prefix: string, first: ChaosOsc, prepare: (node: 
     await put(first);
     await agent.node.execOk(["systemctl", "enable", "--now", agentUnitName]);
     await annotation.until(first.checksum, 120_000);
-    return { cluster, agent, node: agent.node, annotation, secretName, put, stop };
+    return { cluster, agent, node: agent.node, annotation, put, stop };
   } catch (err) {
     await stop();
     throw err;
@@ -322,7 +321,7 @@ export type Injection = {
  * `delayMs` after the agent persisted its plan for it: inside the node, so the instant is exact to the
  * millisecond however slow the API round trips are.
  */
-export async function injectDuringApply(rig: Rig, osc: ChaosOsc, delayMs: number, fault: string): Promise<Injection> {
+async function injectDuringApply(rig: Rig, osc: ChaosOsc, delayMs: number, fault: string): Promise<Injection> {
   const armed = "/run/chaos-armed";
   const script = `
 pid=$(systemctl show -P MainPID ${agentUnitName})
@@ -432,7 +431,7 @@ export async function faultRounds(o: RoundsOptions): Promise<RoundsResult> {
 }
 
 /** Waits until the agent's unit is active and the agent answers /readyz (its OSC applied, everything synced). */
-export async function agentReady(rig: Rig, timeoutMs = 60_000): Promise<void> {
+async function agentReady(rig: Rig, timeoutMs = 60_000): Promise<void> {
   await waitFor(
     "the agent to be running and ready",
     async () => {
