@@ -106,7 +106,11 @@ export type NodeLook = {
 
 const lookScript = `
 cd /
-for d in /etc/chaos /opt/chaos /etc/systemd/system /var/lib/gardener-node-agent /run/trellis; do find $d -name '*.trellis-tmp-*' -printf 'TEMP %p\\n' 2>/dev/null; done
+temps() { for d in /etc/chaos /opt/chaos /etc/systemd/system /var/lib/gardener-node-agent /run/trellis; do find $d -name '*.trellis-tmp-*' 2>/dev/null; done | sort; }
+# A temp file of a write in flight (the agent writes its status file now and then) is gone a moment
+# later, and the next one has another name: only one that is still there on a second look was left behind.
+first=$(temps)
+[ -z "$first" ] || temps | comm -12 - <(echo "$first") | sed 's/^/TEMP /'
 find /etc/chaos /opt/chaos -type f -printf 'FILE %m %U %G %p\\n' 2>/dev/null
 find /etc/chaos /opt/chaos -type f -print0 2>/dev/null | xargs -0 -r sha256sum | sed 's/^/SHA /'
 for u in ${[steadyUnit, ...workerUnits].join(" ")}; do
@@ -118,7 +122,7 @@ echo "AGENT $(systemctl show -P MainPID ${agentUnitName})"
 `;
 
 export async function lookAtNode(node: Node): Promise<NodeLook> {
-  const out = await node.execOk(["sh", "-c", lookScript], { timeoutMs: 60_000 });
+  const out = await node.execOk(["bash", "-c", lookScript], { timeoutMs: 60_000 });
   const look: NodeLook = { files: new Map(), temps: [], units: new Map(), unfinished: false, agentPid: 0 };
   const shas = new Map<string, string>();
   for (const line of out.split("\n")) {
