@@ -4,7 +4,9 @@
 // state: that would make trellis forget what it owns.
 import * as v from "valibot";
 import { formatIssues } from "../api/issues.ts";
-import { baseDir, paths } from "../api/paths.ts";
+import { dirname } from "node:path";
+import { baseDir, credentialsDir, paths } from "../api/paths.ts";
+import { statusPath } from "../api/status-file.ts";
 import { type AgentState, AgentStateSchema, emptyState } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 
@@ -40,4 +42,20 @@ export function jsonStore<S extends v.GenericSchema>(files: Files, path: string,
     },
     write: (value: v.InferOutput<S>) => files.writeAtomic(path, `${JSON.stringify(value)}\n`, 0o600),
   };
+}
+
+// Where the agent writes its own files: state, rollout record and last good OSC; last-applied-osc.yaml;
+// credentials (token, kubeconfig, pending CSR); the status file.
+const agentDirs = [dirname(statePath), baseDir, credentialsDir, dirname(statusPath)];
+
+/**
+ * Deletes the temp files an agent killed mid-write left in its own directories, and returns their node
+ * paths. An apply clears only the directories its plan writes to, so these would stay forever (and pile
+ * up, one per kill: the state file is written at every step). Run at the agent's start, before anything
+ * writes there.
+ */
+export async function removeLeftoverTemp(files: Files): Promise<string[]> {
+  const removed: string[] = [];
+  for (const dir of agentDirs) removed.push(...(await files.cleanupTemp(dir)).map((name) => `${dir}/${name}`));
+  return removed;
 }

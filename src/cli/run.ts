@@ -6,7 +6,7 @@ import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, paths } from "../api/paths.ts";
-import { createStateStore } from "../apply/state-store.ts";
+import { createStateStore, removeLeftoverTemp } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
 import { startHealthController } from "../controllers/health.ts";
@@ -25,7 +25,7 @@ import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
 import { createEventRecorder } from "../kube/events.ts";
-import { createLogger } from "../log.ts";
+import { createLogger, describeError } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
@@ -62,6 +62,11 @@ export async function run(args: string[]): Promise<number> {
   const files = createFiles("/");
   const systemd = createSystemd({ log });
   const store = createStateStore(files);
+  // Before anything writes there: what an agent killed mid-write left behind.
+  await removeLeftoverTemp(files).then(
+    (removed) => removed.length > 0 && log.info("removed temp files a killed agent left", { files: removed }),
+    (err: unknown) => log.warn("could not remove temp files a killed agent left", { error: describeError(err) }),
+  );
   const events = createEventRecorder({ kube, log });
   const metrics = createRegistry();
   const status = createStatusBoard({ files, log });
