@@ -4,7 +4,7 @@
 // docs/rbac.md. Shared by the agent e2e tests, the demo and the benchmarks.
 import { Buffer } from "node:buffer";
 import { readFileSync } from "node:fs";
-import { CoreV1Api, type CoreV1Event, type V1Node } from "@kubernetes/client-node";
+import { CoreV1Api, type CoreV1Event, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
@@ -57,6 +57,18 @@ export type AgentNodeOptions = {
 
 export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): Promise<AgentNode> {
   const node = await bootNode(opts.prefix, { net: "host", containerd: opts.containerd ?? false });
+  try {
+    return await setUpAgent(cluster, node, opts);
+  } catch (err) {
+    // The caller never gets a handle to stop this node: a failed start stops it here.
+    await node.stop().catch((stopErr: unknown) => {
+      throw new AggregateError([err, stopErr], `starting the agent on node ${node.name} failed, and stopping the node failed too`);
+    });
+    throw err;
+  }
+}
+
+async function setUpAgent(cluster: Cluster, node: Node, opts: AgentNodeOptions): Promise<AgentNode> {
   const core = cluster.admin().makeApiClient(CoreV1Api);
   if (opts.registerNode !== false) await registerNode(core, node.name);
   const user = nodeAgentUserPrefix + node.name;
@@ -91,8 +103,8 @@ controllers:
 /** What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP what gardener-node-agent's health check expects of a registered node. */
 export async function registerNode(core: CoreV1Api, name: string): Promise<void> {
   await core.createNode({ body: { metadata: { name, labels: { "kubernetes.io/hostname": name } } } });
-  const registered = await core.readNode({ name });
-  await core.replaceNodeStatus({ name, body: { ...registered, status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } });
+  // A patch, not read-then-replace: kube-controller-manager writes to a new Node at once (409 Conflict).
+  await core.patchNodeStatus({ name, body: { status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
 }
 
 /** Creates or replaces the OSC Secret the way Gardener writes it (data osc.yaml, checksum annotation). */
