@@ -3,7 +3,8 @@
 // that crashes or is interrupted before it gets there. Hooks must be synchronous (they run in 'exit').
 const hooks = new Set<() => void>();
 
-function runHooks(): void {
+/** Runs every pending hook now (test/harness/preload.ts calls it: `bun test` emits no 'exit' event). */
+export function runHooks(): void {
   for (const hook of hooks) {
     try {
       hook();
