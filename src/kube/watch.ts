@@ -25,10 +25,15 @@ export type Backoff = {
   /** First retry delay; doubles per consecutive failure up to maxMs. Each delay is jittered to 50–100 %. */
   initialMs: number;
   maxMs: number;
+  /**
+   * The cap while the server cannot be reached at all (refused, no answer): such an attempt costs the
+   * server nothing, and a node must be back within seconds of its API server, not up to maxMs later.
+   */
+  unreachableMaxMs: number;
   /** A watch that stayed open this long counts as healthy and resets the doubling. */
   resetAfterMs: number;
 };
-const defaultBackoff: Backoff = { initialMs: 500, maxMs: 30_000, resetAfterMs: 60_000 };
+const defaultBackoff: Backoff = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
 
 export type WatchStats = {
   /** LIST requests sent (the first one and every relist). */
@@ -241,9 +246,10 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
       } catch (err) {
         if (stopper.signal.aborted) break;
         settleBackoff();
-        failures++;
-        const delayMs = backoffDelay(failures, backoff, random());
         const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `watching ${target}` });
+        const retry = nextRetry(failures, e.reason, backoff, random());
+        failures = retry.failures;
+        const delayMs = retry.delayMs;
         if (e.reason === "gone") {
           counters.gone++;
           resourceVersion = undefined;
@@ -290,6 +296,18 @@ export function decodeWatchLine<T extends KubeObject>(line: string): WatchLine<T
   if (type === "BOOKMARK") return { type, resourceVersion };
   if (type === "ADDED" || type === "MODIFIED" || type === "DELETED") return { type, object, resourceVersion };
   throw new Error(`unknown event type ${JSON.stringify(type)}`);
+}
+
+/**
+ * The retry after a failed list or watch that follows `failures` failures in a row. A 410 is the server
+ * answering, so the outage before it is over: it counts as the first failure and the relist follows at
+ * once, not after the backoff the outage built up. A server that cannot be reached is tried again at
+ * least every unreachableMaxMs.
+ */
+export function nextRetry(failures: number, reason: KubeError["reason"], b: Backoff, random: number): { failures: number; delayMs: number } {
+  const n = reason === "gone" ? 1 : failures + 1;
+  const maxMs = reason === "unreachable" ? Math.min(b.unreachableMaxMs, b.maxMs) : b.maxMs;
+  return { failures: n, delayMs: backoffDelay(n, { initialMs: b.initialMs, maxMs }, random) };
 }
 
 /** The delay before retry number `failures` (1, 2, …): doubling from initialMs, capped, jittered to 50–100 %. */
