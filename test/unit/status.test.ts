@@ -10,7 +10,7 @@ import { collectStatus, renderStatus } from "../../src/cli/status.ts";
 import { createFiles, type Files } from "../../src/host/files.ts";
 import { createLogger } from "../../src/log.ts";
 import { createStatusBoard, readiness } from "../../src/status.ts";
-import { runDir } from "../harness/exec.ts";
+import { runDir, waitFor } from "../harness/exec.ts";
 
 const base = runDir("status-unit");
 const log = createLogger({ write: () => {} });
@@ -62,6 +62,24 @@ describe("the status board", () => {
       expect(file.components.lease).toMatchObject({ ok: true, summary: "renewed", lastRenew: "2026-01-01T00:00:00.000Z", failures: 0 });
       expect(Date.parse(file.components.osc?.at ?? "")).toBeGreaterThan(Date.now() - 5_000);
       expect(statSync(root + statusPath).mode & 0o7777).toBe(0o644);
+    } finally {
+      await board.close();
+    }
+  });
+
+  // Found by test/chaos/scenarios/clock-jump.ts: the spacing of writes was measured on the wall clock, so
+  // after the clock went back an hour the next write was scheduled an hour later and every report and
+  // heartbeat in between was dropped (`trellis status` showed the agent as stale).
+  test("a wall clock set back an hour does not hold the writes back", async () => {
+    const { root, files, writes } = fresh();
+    let wall = Date.parse("2026-03-01T13:00:00.000Z");
+    const board = createStatusBoard({ files, log, minIntervalMs: 10, heartbeatMs: 60_000, now: () => wall });
+    try {
+      await waitFor("the first write", () => writes() === 1, 2_000, 5);
+      wall -= 3_600_000;
+      board.set("lease", { ok: true, summary: "renewed after the jump" });
+      await waitFor("a write after the jump", () => writes() === 2, 2_000, 5);
+      expect(readStatus(root).components.lease).toMatchObject({ summary: "renewed after the jump", at: "2026-03-01T12:00:00.000Z" });
     } finally {
       await board.close();
     }
