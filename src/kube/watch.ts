@@ -96,6 +96,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
   const known = new Map<string, T>();
   let resourceVersion: string | undefined;
   let failures = 0;
+  let lastReason: KubeError["reason"] | undefined;
   let openedAt: number | undefined;
 
   let markSynced!: () => void;
@@ -247,8 +248,9 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
         if (stopper.signal.aborted) break;
         settleBackoff();
         const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `watching ${target}` });
-        const retry = nextRetry(failures, e.reason, backoff, random());
+        const retry = nextRetry({ failures, reason: lastReason }, e.reason, backoff, random());
         failures = retry.failures;
+        lastReason = e.reason;
         const delayMs = retry.delayMs;
         if (e.reason === "gone") {
           counters.gone++;
@@ -299,13 +301,15 @@ export function decodeWatchLine<T extends KubeObject>(line: string): WatchLine<T
 }
 
 /**
- * The retry after a failed list or watch that follows `failures` failures in a row. A 410 is the server
- * answering, so the outage before it is over: it counts as the first failure and the relist follows at
- * once, not after the backoff the outage built up. A server that cannot be reached is tried again at
- * least every unreachableMaxMs.
+ * The retry after a failed list or watch that follows `prev.failures` failures in a row, the last for
+ * `prev.reason`. The first answer from a server that could not be reached starts the doubling over: the
+ * outage is over, and what a restarting API server answers first (a 403 before its RBAC cache is filled,
+ * a 410 for a resourceVersion from before) must not wait out the backoff the outage built up. A server
+ * that cannot be reached is tried again at least every unreachableMaxMs.
  */
-export function nextRetry(failures: number, reason: KubeError["reason"], b: Backoff, random: number): { failures: number; delayMs: number } {
-  const n = reason === "gone" ? 1 : failures + 1;
+export function nextRetry(prev: { failures: number; reason?: KubeError["reason"] }, reason: KubeError["reason"], b: Backoff, random: number): { failures: number; delayMs: number } {
+  const outageOver = prev.reason === "unreachable" && reason !== "unreachable";
+  const n = reason === "gone" || outageOver ? 1 : prev.failures + 1;
   const maxMs = reason === "unreachable" ? Math.min(b.unreachableMaxMs, b.maxMs) : b.maxMs;
   return { failures: n, delayMs: backoffDelay(n, { initialMs: b.initialMs, maxMs }, random) };
 }

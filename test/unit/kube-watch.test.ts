@@ -17,18 +17,23 @@ describe("backoffDelay", () => {
 });
 
 // Found by test/chaos/scenarios/apiserver-down.ts: after a 15 s outage the agent's watches reconnected up
-// to 9.8 s after the API server was back, and answered the 410 that followed with a 22–25 s wait before
-// relisting, so a Secret changed during the outage was applied 21–28 s late.
+// to 9.8 s after the API server was back, and answered what the restarted server said first (403 before
+// its RBAC cache was filled, then 410) with 15–25 s waits, so a Secret changed during the outage was
+// applied 16–28 s late.
 describe("nextRetry", () => {
   const b = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
   test("an unreachable server is tried again at least every unreachableMaxMs, however long the outage", () => {
-    expect(nextRetry(20, "unreachable", b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, "unreachable", b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
   });
   test("a server that answers with an error backs off up to maxMs", () => {
-    expect(nextRetry(20, "http", b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
+    expect(nextRetry({ failures: 20, reason: "http" }, "http", b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
+  });
+  test("the first answer after an outage (a 403 of a restarting API server) starts the doubling over", () => {
+    expect(nextRetry({ failures: 9, reason: "unreachable" }, "forbidden", b, 1)).toEqual({ failures: 1, delayMs: 500 });
+    expect(nextRetry({ failures: 1, reason: "forbidden" }, "forbidden", b, 1)).toEqual({ failures: 2, delayMs: 1_000 });
   });
   test("a 410 after an outage relists after the initial delay, not the outage's backoff", () => {
-    expect(nextRetry(9, "gone", b, 1)).toEqual({ failures: 1, delayMs: 500 });
+    expect(nextRetry({ failures: 9, reason: "http" }, "gone", b, 1)).toEqual({ failures: 1, delayMs: 500 });
   });
 });
 
