@@ -1,11 +1,11 @@
 // What the control-plane and environment fault scenarios share (apiserver-down, etcd-down, registry-down,
 // clock-jump, hostname-change): a real control plane and one systemd node running the compiled agent with
-// the web OSC (two long-running units), and the checks every scenario makes after its fault — no managed
+// a small OSC (two long-running units), and the checks every scenario makes after its fault — no managed
 // unit restarted (MainPID, NRestarts, ActiveEnterTimestampMonotonic), the agent ready and its Lease renewed
 // again, and a Secret change applied.
 import { readFileSync } from "node:fs";
 import { CoordinationV1Api } from "@kubernetes/client-node";
-import { parse, stringify } from "yaml";
+import { stringify } from "yaml";
 import { type AgentNode, putOscSecret, startAgentNode, waitApplied } from "../harness/agent.ts";
 import { upstream } from "../harness/bare-node.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
@@ -16,16 +16,47 @@ import { type Registry, startRegistry } from "../harness/registry.ts";
 
 export const agentUnit = "gardener-node-agent.service";
 /** The OSC's units: nothing in these scenarios may restart them. */
-export const oscUnits = ["web.service", "ticker.service"];
+export const oscUnits = ["chaos-steady.service", "chaos-ticker.service"];
 /** A file of the OSC no unit lists in its filePaths: changing it is a Secret change that restarts nothing. */
 export const markerPath = "/etc/chaos/marker";
 export const toolPath = "/opt/chaos/tool";
 
-const fixture = parse(readFileSync(new URL("../fixtures/web-osc.yaml", import.meta.url), "utf8"), { version: "1.1" }) as { spec: { files: unknown[] } };
+// Two long-running units that listen on nothing: the nodes share the host's network with every other
+// test running at the same time, and a unit bound to a fixed port would fail against theirs.
+const baseOsc = {
+  apiVersion: "extensions.gardener.cloud/v1alpha1",
+  kind: "OperatingSystemConfig",
+  metadata: { name: "chaos", namespace: "kube-system" },
+  spec: {
+    type: "debian",
+    purpose: "reconcile",
+    units: [
+      {
+        name: "chaos-steady.service",
+        command: "start",
+        enable: true,
+        content: "[Unit]\nDescription=chaos: a steady unit\n[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n",
+        dropIns: [{ name: "10-restart.conf", content: "[Service]\nRestart=always\nRestartSec=1\n" }],
+        filePaths: ["/etc/chaos/steady.conf"],
+      },
+      {
+        name: "chaos-ticker.service",
+        command: "start",
+        enable: true,
+        content: "[Unit]\nDescription=chaos: a ticker\n[Service]\nExecStart=/bin/sh -c 'while :; do cat /etc/chaos/ticker; sleep 5; done'\n[Install]\nWantedBy=multi-user.target\n",
+        filePaths: ["/etc/chaos/ticker"],
+      },
+    ],
+    files: [
+      { path: "/etc/chaos/steady.conf", permissions: 0o644, content: { inline: { encoding: "", data: "steady\n" } } },
+      { path: "/etc/chaos/ticker", permissions: 0o644, content: { inline: { encoding: "b64", data: "dGljawo=" } } },
+    ] as unknown[],
+  },
+};
 
-/** The web OSC plus the marker file holding `marker`, and with `image` an imageRef file at toolPath. */
+/** The base OSC plus the marker file holding `marker`, and with `image` an imageRef file at toolPath. */
 export function chaosOsc(marker: string, image?: string): string {
-  const osc = structuredClone(fixture);
+  const osc = structuredClone(baseOsc);
   osc.spec.files.push({ path: markerPath, permissions: 0o644, content: { inline: { encoding: "", data: `${marker}\n` } } });
   if (image) osc.spec.files.push({ path: toolPath, permissions: 0o755, content: { imageRef: { image, filePathInImage: "/tool" } } });
   return stringify(osc);
