@@ -140,7 +140,13 @@ const curl = (node: Node, port: number, path: string) => node.exec(["curl", "-s"
 /** Waits until the agent's /readyz answers 200 (every component reports ok); returns the ms it took. */
 export async function waitAgentReady(rig: Rig, timeoutMs: number): Promise<number> {
   const started = performance.now();
-  await waitFor(`${rig.agent.name}: /readyz 200`, async () => (await curl(rig.node, rig.agent.healthPort, "/readyz")).stdout === "200", timeoutMs, 250);
+  try {
+    await waitFor(`${rig.agent.name}: /readyz 200`, async () => (await curl(rig.node, rig.agent.healthPort, "/readyz")).stdout === "200", timeoutMs, 250);
+  } catch (err) {
+    // The reasons /readyz gives name the component that is not ok.
+    const body = (await rig.node.exec(["curl", "-s", "-m", "5", `http://127.0.0.1:${rig.agent.healthPort}/readyz`])).stdout.trim();
+    throw new Error(`${err instanceof Error ? err.message : String(err)}; /readyz says: ${body.slice(0, 500)}`);
+  }
   return Math.round(performance.now() - started);
 }
 
