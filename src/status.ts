@@ -23,12 +23,15 @@ export type StatusBoardOptions = {
   minIntervalMs?: number;
   /** The file is rewritten at least this often (30 s). */
   heartbeatMs?: number;
+  /** Wall clock (ms since the epoch) for the timestamps in the file. */
   now?: () => number;
 };
 
 export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoard {
   const log = opts.log.with({ component: "status" });
   const now = opts.now ?? Date.now;
+  // The spacing of writes is measured on the monotonic clock: a wall clock set back an hour must not hold the writes back an hour.
+  const monotonic = () => performance.now();
   const minIntervalMs = opts.minIntervalMs ?? 1000;
   const heartbeatMs = opts.heartbeatMs ?? 30_000;
   const startedAt = iso(now());
@@ -51,7 +54,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
   });
 
   const write = async (file: StatusFile) => {
-    lastWrite = now();
+    lastWrite = monotonic();
     try {
       await opts.files.writeAtomic(statusPath, `${JSON.stringify(file, null, 2)}\n`, 0o644);
       if (failing) log.info("writing the status file works again", { path: statusPath });
@@ -76,7 +79,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
           if (dirty) schedule();
         });
       },
-      Math.max(0, lastWrite + minIntervalMs - now()),
+      Math.max(0, lastWrite + minIntervalMs - monotonic()),
     );
   };
   const heartbeat = setInterval(schedule, heartbeatMs);

@@ -14,6 +14,8 @@ export const paths = {
   zone: `${baseDir}/zone`,
   lastAppliedOsc: `${baseDir}/last-applied-osc.yaml`,
   binaryDir: "/opt/bin",
+  /** The name of the Node the agent last reported on: found again after the hostname changed. */
+  nodeName: `${baseDir}/trellis/node-name`,
   /** Files extracted from images (imageRef), by content hash. */
   imageCache: `${baseDir}/trellis/images`,
   /** containerd's per-registry hosts.toml directories: the mirrors trellis pulls through too. */

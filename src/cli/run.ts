@@ -78,7 +78,14 @@ export async function run(args: string[]): Promise<number> {
     ready: () => readiness(status),
     log,
   });
-  const node = startNodeSource({ kube, hostName, log });
+  const lastNodeName = new TextDecoder().decode((await files.read(paths.nodeName)) ?? new Uint8Array()).trim() || undefined;
+  const node = startNodeSource({ kube, hostName, lastNodeName, log });
+  // Remembered for the next start: after a hostname change the agent restarts, and kubelet's Node keeps its name.
+  void node.found.then(async (n) => {
+    const name = n.metadata?.name;
+    if (!name || name === lastNodeName) return;
+    await files.writeAtomic(paths.nodeName, `${name}\n`, 0o644).catch((err: unknown) => log.warn("could not remember the Node's name", { path: paths.nodeName, error: err }));
+  });
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 

@@ -3,6 +3,8 @@
 // that does not exist yet is allowed), so the Node is known the moment kubelet creates it: reporting,
 // the bootstrap credentials and the serial rollout wait for that. kubelet names its Node after the host
 // unless told otherwise; for a Node of another name, the hostname label is looked up every retry interval.
+// When neither finds one and the agent reported on a Node before (`lastNodeName`, kept across restarts),
+// it keeps to that Node: after a hostname change the agent restarts, but kubelet's Node keeps its name.
 import type { V1Node } from "@kubernetes/client-node";
 import type { Kube } from "../kube/client.ts";
 import { KubeError } from "../kube/errors.ts";
@@ -11,11 +13,21 @@ import { watchObjects, type Watcher } from "../kube/watch.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource } from "./types.ts";
 
-export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logger; retryMs?: number }): NodeSource & Controller {
+export type NodeSourceOptions = {
+  kube: Kube;
+  hostName: string;
+  /** The Node this agent reported on before (its name), if any. */
+  lastNodeName?: string;
+  log: Logger;
+  retryMs?: number;
+};
+
+export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controller {
   const log = opts.log.with({ controller: "node" });
   const listeners = new Set<(node: V1Node) => void>();
   let current: V1Node | undefined;
   let watch: Watcher;
+  let watching = "";
   let stopped = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
   let resolveFound!: (node: V1Node) => void;
@@ -32,6 +44,7 @@ export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logge
     for (const l of listeners) l(node);
   };
   const watchByName = (name: string) => {
+    watching = name;
     watch = watchObjects<V1Node>({
       kube: opts.kube,
       path: "/api/v1/nodes",
@@ -59,8 +72,15 @@ export function startNodeSource(opts: { kube: Kube; hostName: string; log: Logge
       }
       return;
     } catch (err) {
-      if (!(err instanceof KubeError && err.reason === "not-found")) log.warn("looking for the Node by its hostname label failed", { error: describeError(err) });
-      else log.info("the Node is not registered yet; watching for it", { hostName: opts.hostName, reason: describeError(err) });
+      const notFound = err instanceof KubeError && err.reason === "not-found";
+      if (!notFound) log.warn("looking for the Node by its hostname label failed", { error: describeError(err) });
+      else if (opts.lastNodeName && opts.lastNodeName !== byName) {
+        if (watching !== opts.lastNodeName && !isFound) {
+          log.info("no Node for this hostname; keeping to the Node this agent reported on before", { hostName: opts.hostName, node: opts.lastNodeName });
+          await watch.stop();
+          watchByName(opts.lastNodeName);
+        }
+      } else log.info("the Node is not registered yet; watching for it", { hostName: opts.hostName, reason: describeError(err) });
     }
     if (!stopped) timer = setTimeout(() => void lookByLabel(), opts.retryMs ?? 10_000);
   };

@@ -25,10 +25,15 @@ export type Backoff = {
   /** First retry delay; doubles per consecutive failure up to maxMs. Each delay is jittered to 50–100 %. */
   initialMs: number;
   maxMs: number;
+  /**
+   * The cap while the server cannot be reached at all (refused, no answer): such an attempt costs the
+   * server nothing, and a node must be back within seconds of its API server, not up to maxMs later.
+   */
+  unreachableMaxMs: number;
   /** A watch that stayed open this long counts as healthy and resets the doubling. */
   resetAfterMs: number;
 };
-const defaultBackoff: Backoff = { initialMs: 500, maxMs: 30_000, resetAfterMs: 60_000 };
+const defaultBackoff: Backoff = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
 
 /**
  * The largest watch event line (and list answer) read. kube-apiserver takes request bodies up to 3 MiB
@@ -106,6 +111,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
   const known = new Map<string, T>();
   let resourceVersion: string | undefined;
   let failures = 0;
+  let lastReason: KubeError["reason"] | undefined;
   let openedAt: number | undefined;
 
   let markSynced!: () => void;
@@ -254,9 +260,11 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
       } catch (err) {
         if (stopper.signal.aborted) break;
         settleBackoff();
-        failures++;
-        const delayMs = backoffDelay(failures, backoff, random());
         const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `watching ${target}` });
+        const retry = nextRetry({ failures, reason: lastReason }, e.reason, backoff, random());
+        failures = retry.failures;
+        lastReason = e.reason;
+        const delayMs = retry.delayMs;
         if (e instanceof EventTooLargeError) {
           // Resuming would replay the same event: a fresh list delivers the object once it is within bounds again.
           counters.errors++;
@@ -367,6 +375,20 @@ export function decodeWatchLine<T extends KubeObject>(line: string): WatchLine<T
   if (type === "BOOKMARK") return { type, resourceVersion };
   if (type === "ADDED" || type === "MODIFIED" || type === "DELETED") return { type, object, resourceVersion };
   throw new Error(`unknown event type ${JSON.stringify(type)}`);
+}
+
+/**
+ * The retry after a failed list or watch that follows `prev.failures` failures in a row, the last for
+ * `prev.reason`. The first answer from a server that could not be reached starts the doubling over: the
+ * outage is over, and what a restarting API server answers first (a 403 before its RBAC cache is filled,
+ * a 410 for a resourceVersion from before) must not wait out the backoff the outage built up. A server
+ * that cannot be reached is tried again at least every unreachableMaxMs.
+ */
+export function nextRetry(prev: { failures: number; reason?: KubeError["reason"] }, reason: KubeError["reason"], b: Backoff, random: number): { failures: number; delayMs: number } {
+  const outageOver = prev.reason === "unreachable" && reason !== "unreachable";
+  const n = reason === "gone" || outageOver ? 1 : prev.failures + 1;
+  const maxMs = reason === "unreachable" ? Math.min(b.unreachableMaxMs, b.maxMs) : b.maxMs;
+  return { failures: n, delayMs: backoffDelay(n, { initialMs: b.initialMs, maxMs }, random) };
 }
 
 /** The delay before retry number `failures` (1, 2, …): doubling from initialMs, capped, jittered to 50–100 %. */

@@ -33,6 +33,14 @@ export interface Cluster {
   pids(): { etcd?: number; apiserver?: number };
   /** Stops and starts kube-apiserver only (same port, same etcd). */
   restartApiServer(): Promise<void>;
+  /** Stops kube-apiserver (etcd keeps running); startApiServer brings it back on the same port and waits until it is ready. */
+  stopApiServer(): Promise<void>;
+  startApiServer(): Promise<void>;
+  /** Stops etcd (kube-apiserver keeps running); startEtcd brings it back on the same ports and data dir and waits until it is healthy. */
+  stopEtcd(): Promise<void>;
+  startEtcd(): Promise<void>;
+  /** A second kube-apiserver on the same etcd, on a port of its own, serving the same PKI; stop() ends it (cluster.stop() too). */
+  secondApiServer(): Promise<{ server: string; admin(): KubeConfig; stop(): Promise<void> }>;
   /** Stops every process this cluster started, by PID, and deletes etcd's data; logs and PKI stay in dir for post-mortems. */
   stop(): Promise<void>;
 }
@@ -71,8 +79,10 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
   const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog), dir);
   const kcm = new Daemon("kube-controller-manager", kcmArgs(bin, pki, kcmKubeconfig, kcmPort), dir);
   const daemons = opts.controllerManager === false ? [etcd, apiserver] : [etcd, apiserver, kcm];
+  const extraApiServers: Daemon[] = [];
   const stop = async () => {
     for (const d of [...daemons].reverse()) await d.stop();
+    for (const d of extraApiServers) await d.stop();
     rmSync(`${dir}/etcd`, { recursive: true, force: true }); // 64 MB of preallocated WAL per cluster
   };
   const admin = () => loadKubeconfig(adminKubeconfig);
@@ -117,6 +127,26 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
       await apiserver.stop();
       apiserver.start();
       await apiserver.waitReady("/readyz", apiReady, 60_000);
+    },
+    stopApiServer: () => apiserver.stop(),
+    startApiServer: async () => {
+      apiserver.start();
+      await apiserver.waitReady("/readyz", apiReady, 60_000);
+    },
+    stopEtcd: () => etcd.stop(),
+    startEtcd: async () => {
+      etcd.start();
+      await etcd.waitReady("/health", () => etcdHealthy(etcdPort), 30_000);
+    },
+    secondApiServer: async () => {
+      const port = await freePort();
+      const second = `https://127.0.0.1:${port}`;
+      const d = new Daemon(`kube-apiserver-${port}`, apiserverArgs(bin, dir, pki, etcdPort, port, `${dir}/audit-${port}.log`), dir);
+      extraApiServers.push(d);
+      d.start();
+      await d.waitReady("/readyz", () => httpsOk(`${second}/readyz`, adminTls), 60_000);
+      const kubeconfig = writeKubeconfig(`${dir}/admin-${port}.kubeconfig`, second, pki, pki.admin, "admin");
+      return { server: second, admin: () => loadKubeconfig(kubeconfig), stop: () => d.stop() };
     },
     stop,
   };

@@ -15,6 +15,9 @@ export interface Registry {
    * `all`: push an image index with every platform image (skopeo's default picks this machine's image).
    */
   push(layoutDir: string, repo: string, tag: string, opts?: { all?: boolean }): Promise<{ ref: string; digest: string }>;
+  /** Ends the registry process but keeps its storage; up() serves the same storage on the same port again. */
+  down(): Promise<void>;
+  up(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -36,36 +39,47 @@ async function startOn(port: number): Promise<Registry> {
     `${dir}/config.yml`,
     `version: 0.1\nlog: {level: warn}\nstorage:\n  filesystem: {rootdirectory: ${dir}/data}\nhttp: {addr: "${host}"}\n`,
   );
-  const logFd = openSync(`${dir}/registry.log`, "a");
-  const proc = Bun.spawn(["docker-registry", "serve", `${dir}/config.yml`], { stdio: ["ignore", logFd, logFd] });
-  closeSync(logFd);
-  proc.unref(); // stop() ends it; a forgotten registry must not keep the test process alive (the exit hook kills it)
+  const spawn = () => {
+    const logFd = openSync(`${dir}/registry.log`, "a");
+    const p = Bun.spawn(["docker-registry", "serve", `${dir}/config.yml`], { stdio: ["ignore", logFd, logFd] });
+    closeSync(logFd);
+    p.unref(); // stop() ends it; a forgotten registry must not keep the test process alive (the exit hook kills it)
+    return p;
+  };
+  let proc = spawn();
   const running = () => proc.exitCode === null && proc.signalCode === null; // Bun knows: no PID reuse risk
   const forget = atExit(() => running() && proc.kill("SIGKILL"));
+  const end = async () => {
+    if (!running()) return;
+    proc.kill("SIGTERM");
+    const timer = setTimeout(() => proc.kill("SIGKILL"), 5_000);
+    await proc.exited;
+    clearTimeout(timer);
+  };
   const stop = async () => {
-    if (running()) {
-      proc.kill("SIGTERM");
-      const timer = setTimeout(() => proc.kill("SIGKILL"), 5_000);
-      await proc.exited;
-      clearTimeout(timer);
-    }
+    await end();
     forget();
     rmSync(dir, { recursive: true, force: true });
   };
-  try {
-    // Fails fast when the registry exits (e.g. the port was taken in the meantime).
+  // Fails fast when the registry exits (e.g. the port was taken in the meantime).
+  const serving = async () => {
     const died = proc.exited.then((code) => {
       throw new Error(`docker-registry on ${host} exited ${code}: ${readFileSync(`${dir}/registry.log`, "utf8")}`);
     });
     died.catch(() => {}); // it also settles after a normal stop()
     await Promise.race([waitFor(`registry on ${host}`, async () => (await fetch(`http://${host}/v2/`)).ok, 10_000, 50), died]);
+  };
+  try {
+    await serving();
   } catch (err) {
     await stop();
     throw err;
   }
   return {
     host,
-    pid: proc.pid,
+    get pid() {
+      return proc.pid;
+    },
     dataDir: `${dir}/data`,
     push: async (layoutDir, repo, tag, opts = {}) => {
       const ref = `${host}/${repo}:${tag}`;
@@ -75,6 +89,11 @@ async function startOn(port: number): Promise<Registry> {
       const digest = readFileSync(digestFile, "utf8").trim();
       rmSync(digestFile);
       return { ref, digest };
+    },
+    down: end,
+    up: async () => {
+      proc = spawn();
+      await serving();
     },
     stop,
   };

@@ -77,6 +77,18 @@ describe("the Node source", () => {
       await source.stop();
     }
   });
+
+  // Found by test/chaos/scenarios/hostname-change.ts: after the hostname changed, the agent restarted
+  // itself and never found its Node again (kubelet's Node keeps the old name and label), so it stopped
+  // renewing its Lease and applying the Secret.
+  test("with no Node for the hostname, the Node the agent reported on before is kept", async () => {
+    const source = startNodeSource({ kube: agent, hostName: "renamed-host", lastNodeName: "node-a", log: createLogger({ level: "error" }), retryMs: 100 });
+    try {
+      expect((await source.found).metadata?.name).toBe("node-a");
+    } finally {
+      await source.stop();
+    }
+  });
 });
 
 test("labels and annotations: a merge patch adds, changes and removes keys and leaves the others alone", async () => {

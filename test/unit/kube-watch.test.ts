@@ -2,7 +2,7 @@
 // stream's lines (including the in-stream ERROR 410 that the e2e tests cannot make a real apiserver send).
 import { describe, expect, test } from "bun:test";
 import { statusError } from "../../src/kube/http.ts";
-import { backoffDelay, decodeWatchLine, type KubeObject, LineSplitter, relistEvents } from "../../src/kube/watch.ts";
+import { backoffDelay, decodeWatchLine, type KubeObject, LineSplitter, nextRetry, relistEvents } from "../../src/kube/watch.ts";
 
 describe("backoffDelay", () => {
   const b = { initialMs: 500, maxMs: 30_000 };
@@ -13,6 +13,27 @@ describe("backoffDelay", () => {
     expect(backoffDelay(3, b, 0)).toBe(1000);
     expect(backoffDelay(3, b, 0.5)).toBe(1500);
     expect(backoffDelay(100, b, 0)).toBe(15_000);
+  });
+});
+
+// Found by test/chaos/scenarios/apiserver-down.ts: after a 15 s outage the agent's watches reconnected up
+// to 9.8 s after the API server was back, and answered what the restarted server said first (403 before
+// its RBAC cache was filled, then 410) with 15–25 s waits, so a Secret changed during the outage was
+// applied 16–28 s late.
+describe("nextRetry", () => {
+  const b = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
+  test("an unreachable server is tried again at least every unreachableMaxMs, however long the outage", () => {
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, "unreachable", b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
+  });
+  test("a server that answers with an error backs off up to maxMs", () => {
+    expect(nextRetry({ failures: 20, reason: "http" }, "http", b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
+  });
+  test("the first answer after an outage (a 403 of a restarting API server) starts the doubling over", () => {
+    expect(nextRetry({ failures: 9, reason: "unreachable" }, "forbidden", b, 1)).toEqual({ failures: 1, delayMs: 500 });
+    expect(nextRetry({ failures: 1, reason: "forbidden" }, "forbidden", b, 1)).toEqual({ failures: 2, delayMs: 1_000 });
+  });
+  test("a 410 after an outage relists after the initial delay, not the outage's backoff", () => {
+    expect(nextRetry({ failures: 9, reason: "http" }, "gone", b, 1)).toEqual({ failures: 1, delayMs: 500 });
   });
 });
 

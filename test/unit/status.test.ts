@@ -10,7 +10,7 @@ import { collectStatus, renderStatus } from "../../src/cli/status.ts";
 import { createFiles, type Files } from "../../src/host/files.ts";
 import { createLogger } from "../../src/log.ts";
 import { createStatusBoard, readiness } from "../../src/status.ts";
-import { runDir } from "../harness/exec.ts";
+import { runDir, waitFor } from "../harness/exec.ts";
 
 const base = runDir("status-unit");
 const log = createLogger({ write: () => {} });
@@ -20,18 +20,21 @@ const checksum = "6cb17c5988d9".padEnd(64, "0");
 function fresh(): { root: string; files: Files; writes: () => number; writeTimes: number[] } {
   const root = mkdtempSync(`${base}/root-`);
   const files = createFiles(root);
+  // When each write of the status file started (its spacing), and how many finished (the file holds them).
   const writeTimes: number[] = [];
+  let finished = 0;
   return {
     root,
     files: {
       ...files,
       root: files.root,
-      writeAtomic: (path, content, mode) => {
+      writeAtomic: async (path, content, mode) => {
         if (path === statusPath) writeTimes.push(performance.now());
-        return files.writeAtomic(path, content, mode);
+        await files.writeAtomic(path, content, mode);
+        if (path === statusPath) finished++;
       },
     },
-    writes: () => writeTimes.length,
+    writes: () => finished,
     writeTimes,
   };
 }
@@ -43,8 +46,7 @@ describe("the status board", () => {
     const { root, files, writes, writeTimes } = fresh();
     const board = createStatusBoard({ files, log, minIntervalMs: 300, heartbeatMs: 60_000 });
     try {
-      await Bun.sleep(50);
-      expect(writes()).toBe(1); // right after the start: the agent is up, nothing reported yet
+      await waitFor("the first write", () => writes() === 1, 5_000, 5); // right after the start: the agent is up, nothing reported yet
       expect(readStatus(root)).toMatchObject({ version: 1, pid: process.pid, heartbeatSeconds: 60, components: {} });
       for (let i = 0; i < 50; i++) {
         board.set("osc", { ok: i % 2 === 0, summary: `round ${i}` });
@@ -52,8 +54,8 @@ describe("the status board", () => {
       }
       board.set("lease", { ok: true, summary: "renewed", lastRenew: "2026-01-01T00:00:00.000Z", failures: 0 });
       expect(board.snapshot().osc).toMatchObject({ ok: false, summary: "round 49" });
-      await Bun.sleep(350);
       // 51 reports, a few writes, each at least the interval after the one before; the last state is on disk.
+      await waitFor("the last state on disk", () => readStatus(root).components.lease?.summary === "renewed", 5_000, 10);
       expect(writes()).toBeGreaterThanOrEqual(2);
       expect(writes()).toBeLessThan(10);
       for (let i = 1; i < writeTimes.length; i++) expect((writeTimes[i] as number) - (writeTimes[i - 1] as number)).toBeGreaterThan(295);
@@ -67,13 +69,30 @@ describe("the status board", () => {
     }
   });
 
+  // Found by test/chaos/scenarios/clock-jump.ts: the spacing of writes was measured on the wall clock, so
+  // after the clock went back an hour the next write was scheduled an hour later and every report and
+  // heartbeat in between was dropped (`trellis status` showed the agent as stale).
+  test("a wall clock set back an hour does not hold the writes back", async () => {
+    const { root, files, writes } = fresh();
+    let wall = Date.parse("2026-03-01T13:00:00.000Z");
+    const board = createStatusBoard({ files, log, minIntervalMs: 10, heartbeatMs: 60_000, now: () => wall });
+    try {
+      await waitFor("the first write", () => writes() === 1, 2_000, 5);
+      wall -= 3_600_000;
+      board.set("lease", { ok: true, summary: "renewed after the jump" });
+      await waitFor("a write after the jump", () => writes() === 2, 2_000, 5);
+      expect(readStatus(root).components.lease).toMatchObject({ summary: "renewed after the jump", at: "2026-03-01T12:00:00.000Z" });
+    } finally {
+      await board.close();
+    }
+  });
+
   test("a heartbeat rewrites the file while nothing changes; close() writes a last snapshot marked stopped, then nothing", async () => {
     const { root, files, writes } = fresh();
     const board = createStatusBoard({ files, log, minIntervalMs: 10, heartbeatMs: 100 });
-    await Bun.sleep(30);
+    await waitFor("the first write", () => writes() >= 1, 5_000, 5);
     const first = readStatus(root).writtenAt;
-    await Bun.sleep(250);
-    expect(writes()).toBeGreaterThanOrEqual(3);
+    await waitFor("two heartbeats", () => writes() >= 3, 5_000, 10);
     expect(Date.parse(readStatus(root).writtenAt)).toBeGreaterThan(Date.parse(first));
     board.set("osc", { ok: true, summary: "applied" });
     await board.close();
