@@ -14,6 +14,7 @@ import type { StateStore } from "../apply/state-store.ts";
 import type { Systemd, UnitStatus } from "../host/systemd.ts";
 import type { Kube } from "../kube/client.ts";
 import { metaTime, type NodeCondition, patchNodeConditionIfChanged } from "../kube/node.ts";
+import { backoffDelay } from "../kube/watch.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
 import { every } from "./every.ts";
@@ -70,12 +71,21 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
     deps.status.set("units", { ok: true, summary, ...board });
   }
 
+  let failures = 0;
   const loop = every(deps.config.syncPeriod, () =>
-    check().catch((err: unknown) => {
-      const error = describeError(err);
-      log.error("could not check the systemd units", { error });
-      deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
-    }),
+    check().then(
+      () => {
+        failures = 0;
+      },
+      (err: unknown) => {
+        const error = describeError(err);
+        log.error("could not check the systemd units", { error });
+        deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
+        // Retried soon (from 0.5-1 s, doubling, at most syncPeriod): readiness must not stay down for a whole
+        // syncPeriod after the cause (the API server, D-Bus) is back.
+        return backoffDelay(++failures, { initialMs: 1000, maxMs: deps.config.syncPeriod }, Math.random());
+      },
+    ),
   );
   // The condition goes up as soon as the Node is there, not a syncPeriod later.
   void deps.nodes.found.then(() => loop.wake());
