@@ -108,6 +108,8 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
   const anchors = new Map<string, Node>();
   const sizes = new Map<Node, { nodes: number; chars: number }>();
   const open = new Set<Node>();
+  // Aliases used as mapping keys: one that names a mapping or sequence is a key that is not a scalar.
+  const aliasKeys = new Set<Node>();
   let aliases = 0;
   let total = { nodes: 0, chars: 0 };
   const stack: Frame[] = [];
@@ -119,6 +121,7 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
       const target = anchors.get(node.source);
       if (!target) return `alias *${node.source} has no anchor before it`;
       if (open.has(target)) return `alias *${node.source} refers to a node that contains it`;
+      if (aliasKeys.has(node) && !isScalar(target)) return "has a mapping key that is not a scalar";
       const size = sizes.get(target) as { nodes: number; chars: number };
       return add(size.nodes, size.chars);
     }
@@ -139,6 +142,7 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
           if (keys.has(id)) return `has the mapping key ${JSON.stringify(String(isScalar(key) ? key.value : null))} twice${key?.range ? at(key.range[0]) : ""}`;
           keys.add(id);
         }
+        if (isAlias(key)) aliasKeys.add(key);
         if (key !== null) children.push(key);
         if (pair.value !== null) children.push(pair.value as Node);
       }
