@@ -17,7 +17,7 @@ import { containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-
 import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { describeError, type Logger } from "../log.ts";
-import { containerdConfigFile, containerdDesired, hostsTomlPath } from "../plan/containerd.ts";
+import { containerdConfigFile, containerdDesired, hostsTomlPath, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
 import { withContainerd } from "../plan/with-containerd.ts";
 
 export type SecretData = Readonly<Record<string, Uint8Array>>;
@@ -93,12 +93,13 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
 async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
   const cri = osc.spec.criConfig;
   if (!managesContainerd(cri)) return undefined;
-  const current = await inputs.files.read(containerdConfigFile);
+  const bytes = await inputs.files.read(containerdConfigFile);
+  const current = bytes ? new TextDecoder().decode(bytes) : undefined;
   return containerdDesired(
     {
       criConfig: cri,
-      ...(current ? { current: new TextDecoder().decode(current) } : {}),
-      defaultConfig: current ? "" : (await containerdDefaultConfig({ log: inputs.log })).config,
+      ...(current !== undefined ? { current } : {}),
+      defaultConfig: needsDefaultConfig(current) ? (await containerdDefaultConfig({ log: inputs.log })).config : "",
       readyRegistries: await readyRegistries(cri.containerd.registries ?? [], inputs),
     },
     where,
@@ -110,7 +111,8 @@ async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: 
 async function readyRegistries(registries: RegistryConfig[], inputs: NodeInputs): Promise<Set<string>> {
   const ready = new Set<string>();
   for (const r of registries) {
-    if (r.readinessProbe !== true) continue;
+    // A bad upstream has no hosts.toml path to look at; containerdDesired refuses it, naming the field.
+    if (r.readinessProbe !== true || upstreamProblem(r.upstream)) continue;
     if (await inputs.files.stat(hostsTomlPath(r.upstream))) {
       ready.add(r.upstream);
       continue;
