@@ -66,7 +66,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
     desired = { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] };
   } else {
     const merged = withContainerd(resolved.value, cd.value, criWhere);
-    if (!merged.ok) return { ...merged, retry: false };
+    if (!merged.ok) return { ok: false, errors: merged.errors.map((e) => inSource(source, e)), retry: false };
     desired = merged.value;
     waitingFor = cd.value.pendingRegistries;
   }
@@ -74,11 +74,14 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   return unwritable.length > 0 ? { ok: false, errors: unwritable, retry: false } : { ok: true, value: desired, waitingFor };
 }
 
+// resolveDesired names its entries within the OSC ("spec.files[2] (/etc/x)"); errors name the OSC too.
+const inSource = (source: string, text: string) => (text.startsWith(source) ? text : `${source}: ${text}`);
+
 // Checked before anything is written, so that an OSC naming a path the node cannot take (an existing
 // directory, a path below a regular file, a symlink another user planted) changes nothing at all,
 // instead of failing halfway through its apply.
 async function unwritablePaths(desired: Desired, source: string, files: Files): Promise<string[]> {
-  const named = (origin: string) => (origin.startsWith(source) ? origin : `${source}: ${origin}`);
+  const named = (origin: string) => inSource(source, origin);
   const targets = [
     ...desired.files.map((f) => ({ path: f.path, origin: named(f.origin) })),
     ...desired.units.flatMap((u) => [
