@@ -89,9 +89,20 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
       ...u.dropIns.map((d) => ({ path: dropInPath(u.name, d.name), origin: `${source}: unit ${u.name}.dropIns[${d.name}]` })),
     ]),
   ];
-  const problems = await Promise.all(targets.map(async (t) => ({ ...t, problem: await files.writeProblem(t.path) })));
+  // The disk cannot show one target below another (an apply would write the first, then fail on the second).
+  const written = new Set(targets.map((t) => t.path));
+  const parentWritten = (path: string) => ancestorsOf(path).find((a) => written.has(a));
+  const problems = await Promise.all(
+    targets.map(async (t) => {
+      const parent = parentWritten(t.path);
+      return { ...t, problem: parent ? `${parent} is a file the OSC writes too` : await files.writeProblem(t.path) };
+    }),
+  );
   return problems.flatMap((t) => (t.problem ? [`${t.origin}: ${t.path} cannot be written: ${t.problem}`] : []));
 }
+
+/** "/a/b/c" → ["/a", "/a/b"]. */
+const ancestorsOf = (path: string) => path.split("/").slice(1, -1).map((_, i, segs) => `/${segs.slice(0, i + 1).join("/")}`);
 
 async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
   const cri = osc.spec.criConfig;
