@@ -89,15 +89,18 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
       ...u.dropIns.map((d) => ({ path: dropInPath(u.name, d.name), origin: `${source}: unit ${u.name}.dropIns[${d.name}]` })),
     ]),
   ];
-  // The disk cannot show one target below another (an apply would write the first, then fail on the second).
-  const written = new Set(targets.map((t) => t.path));
-  const parentWritten = (path: string) => ancestorsOf(path).find((a) => written.has(a));
-  const problems = await Promise.all(
-    targets.map(async (t) => {
-      const parent = parentWritten(t.path);
-      return { ...t, problem: parent ? `${parent} is a file the OSC writes too` : await files.writeProblem(t.path) };
-    }),
-  );
+  // The disk cannot show one target below another (an apply would write the first, then fail on the
+  // second), nor two that are one file through a symlink (each apply would write both, for ever).
+  const placed = await Promise.all(targets.map(async (t) => ({ ...t, at: (await files.landsAt(t.path)) ?? t.path })));
+  const written = new Set(placed.map((t) => t.at));
+  const first = new Map<string, string>();
+  const found = placed.map((t) => {
+    const parent = ancestorsOf(t.at).find((a) => written.has(a));
+    const same = first.get(t.at);
+    if (same === undefined) first.set(t.at, t.path);
+    return { ...t, problem: parent ? `${parent} is a file the OSC writes too` : same ? `it is ${same} too, through a symlink` : undefined };
+  });
+  const problems = await Promise.all(found.map(async (t) => ({ ...t, problem: t.problem ?? (await files.writeProblem(t.path)) })));
   return problems.flatMap((t) => (t.problem ? [`${t.origin}: ${t.path} cannot be written: ${t.problem}`] : []));
 }
 

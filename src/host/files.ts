@@ -50,6 +50,11 @@ export interface Files {
    * is not safe to walk through, or `path` is a directory, FIFO, socket or device.
    */
   writeProblem(path: string): Promise<string | undefined>;
+  /**
+   * The node path a write of `path` replaces: symlinks on the way followed within the root, a final one
+   * not. Two paths landing on the same one are one file. Undefined when it cannot be resolved (see writeProblem).
+   */
+  landsAt(path: string): Promise<string | undefined>;
   /** Removes a file or symlink (not a directory); false if it was not there. */
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
@@ -396,6 +401,15 @@ export function createFiles(rootDir = "/"): Files {
         return undefined;
       } catch (err) {
         if (err instanceof FileError) return err.reason;
+        throw err;
+      }
+    },
+    async landsAt(path) {
+      try {
+        const at = await locate("landsAt", path, false);
+        return root === "/" ? at : at.slice(root.length) || "/";
+      } catch (err) {
+        if (err instanceof FileError) return undefined;
         throw err;
       }
     },
