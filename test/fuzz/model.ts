@@ -173,8 +173,9 @@ export class ModelSystemd implements Systemd {
     return {
       name: unit,
       loadState: known ? "loaded" : "not-found",
-      activeState: s?.activeState ?? "inactive",
-      subState: s?.activeState === "active" ? "running" : "dead",
+      // A unit the node does not have is never running, whatever the case said about it.
+      activeState: (known && s?.activeState) || "inactive",
+      subState: known && s?.activeState === "active" ? "running" : "dead",
       mainPID: 0,
       unitFileState: known ? (s?.unitFileState ?? "disabled") : "",
       triggeredBy: [],
