@@ -134,7 +134,11 @@ export class ModelSystemd implements Systemd {
     private readonly disk: ModelDisk,
     readonly units: Map<string, UnitState>,
     private readonly hostUnits: ReadonlySet<string>,
-  ) {}
+  ) {
+    // A unit the node does not have is not running, whatever the case said: once its file is written it
+    // starts out inactive, as systemd loads it.
+    for (const name of [...units.keys()]) if (!this.exists(name)) units.delete(name);
+  }
 
   private exists(unit: string): boolean {
     const template = unit.replace(/@[^.]*\./, "@.");
@@ -173,9 +177,8 @@ export class ModelSystemd implements Systemd {
     return {
       name: unit,
       loadState: known ? "loaded" : "not-found",
-      // A unit the node does not have is never running, whatever the case said about it.
-      activeState: (known && s?.activeState) || "inactive",
-      subState: known && s?.activeState === "active" ? "running" : "dead",
+      activeState: s?.activeState ?? "inactive",
+      subState: s?.activeState === "active" ? "running" : "dead",
       mainPID: 0,
       unitFileState: known ? (s?.unitFileState ?? "disabled") : "",
       triggeredBy: [],
