@@ -69,11 +69,19 @@ export const dropInDir = (unit: string): string => `${systemdDir}/${unit}.d`;
 // an OSC may write (sysctls go through /etc/sysctl.d like every node image does it).
 const kernelTrees = ["/proc", "/sys", "/dev"];
 
+// What every apply itself writes: its state (what trellis owns, the plan in progress), the image cache
+// and the last applied OSC. An OSC file there would be overwritten by the apply that wrote it (and
+// rewritten by the next, for ever), or would overwrite trellis's record of what it owns.
+const agentTrees = [`${baseDir}/trellis`, paths.lastAppliedOsc];
+
 /** Why an OSC file may not be written at `path` (beyond nodePathProblem), or undefined. */
 export function writablePathProblem(path: string): string | undefined {
   if (path === "/") return "is the root directory";
   const problem = nodePathProblem(path);
   if (problem) return problem;
-  const tree = kernelTrees.find((t) => path === t || path.startsWith(`${t}/`));
-  return tree ? `is under ${tree}, which belongs to the kernel` : undefined;
+  const under = (tree: string) => path === tree || path.startsWith(`${tree}/`);
+  const tree = kernelTrees.find(under);
+  if (tree) return `is under ${tree}, which belongs to the kernel`;
+  const own = agentTrees.find(under);
+  return own ? `is ${own === path ? "" : "under "}${own}, which the agent writes itself` : undefined;
 }

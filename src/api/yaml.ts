@@ -110,6 +110,11 @@ function* boundedTokens(text: string, lines: LineCounter, limits: YamlLimits) {
   yield* parser.end();
 }
 
+// A key becomes a property name: a mapping, a sequence, or a scalar that reads as an object (!!binary
+// bytes, a YAML 1.1 timestamp) would be turned into some string of the yaml package's choosing.
+const keyProblem = "has a mapping key that is not a scalar (or is a !!binary or timestamp one)";
+const isPlainScalar = (node: unknown): boolean => isScalar(node) && (node.value === null || typeof node.value !== "object");
+
 type Frame = { node: Node; depth: number; children: Node[]; next: number; nodes: number; chars: number };
 
 /** Depth, duplicate keys, keys that are not scalars, recursive aliases and the expanded size, in one pass. */
@@ -119,6 +124,8 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
   const anchors = new Map<string, Node>();
   const sizes = new Map<Node, { nodes: number; chars: number }>();
   const open = new Set<Node>();
+  // Aliases used as mapping keys: one that names anything but a plain scalar is refused like such a key.
+  const aliasKeys = new Set<Node>();
   let aliases = 0;
   let total = { nodes: 0, chars: 0 };
   const stack: Frame[] = [];
@@ -130,6 +137,7 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
       const target = anchors.get(node.source);
       if (!target) return `alias *${node.source} has no anchor before it`;
       if (open.has(target)) return `alias *${node.source} refers to a node that contains it`;
+      if (aliasKeys.has(node) && !isPlainScalar(target)) return keyProblem;
       const size = sizes.get(target) as { nodes: number; chars: number };
       return add(size.nodes, size.chars);
     }
@@ -144,12 +152,13 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
       for (const pair of node.items) {
         if (!isPair(pair)) continue;
         const key = pair.key as Node | null;
-        if (key !== null && !isScalar(key) && !isAlias(key)) return "has a mapping key that is not a scalar";
+        if (key !== null && !isPlainScalar(key) && !isAlias(key)) return keyProblem;
         const id = isScalar(key) ? `${typeof key.value}:${String(key.value)}` : key === null ? "null" : undefined;
         if (id !== undefined) {
           if (keys.has(id)) return `has the mapping key ${JSON.stringify(String(isScalar(key) ? key.value : null))} twice${key?.range ? at(key.range[0]) : ""}`;
           keys.add(id);
         }
+        if (isAlias(key)) aliasKeys.add(key);
         if (key !== null) children.push(key);
         if (pair.value !== null) children.push(pair.value as Node);
       }

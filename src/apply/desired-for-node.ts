@@ -18,7 +18,7 @@ import { containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-
 import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { describeError, type Logger } from "../log.ts";
-import { containerdConfigFile, containerdDesired, hostsTomlPath } from "../plan/containerd.ts";
+import { containerdConfigFile, containerdDesired, hostsTomlPath, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
 import { withContainerd } from "../plan/with-containerd.ts";
 
 export type SecretData = Readonly<Record<string, Uint8Array>>;
@@ -69,7 +69,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
     desired = { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] };
   } else {
     const merged = withContainerd(resolved.value, cd.value, criWhere);
-    if (!merged.ok) return { ...merged, retry: false };
+    if (!merged.ok) return { ok: false, errors: merged.errors.map((e) => inSource(source, e)), retry: false };
     desired = merged.value;
     waitingFor = cd.value.pendingRegistries;
   }
@@ -77,11 +77,14 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   return unwritable.length > 0 ? { ok: false, errors: unwritable, retry: false } : { ok: true, value: desired, waitingFor };
 }
 
+// resolveDesired names its entries within the OSC ("spec.files[2] (/etc/x)"); errors name the OSC too.
+const inSource = (source: string, text: string) => (text.startsWith(source) ? text : `${source}: ${text}`);
+
 // Checked before anything is written, so that an OSC naming a path the node cannot take (an existing
 // directory, a path below a regular file, a symlink another user planted) changes nothing at all,
 // instead of failing halfway through its apply.
 async function unwritablePaths(desired: Desired, source: string, files: Files): Promise<string[]> {
-  const named = (origin: string) => (origin.startsWith(source) ? origin : `${source}: ${origin}`);
+  const named = (origin: string) => inSource(source, origin);
   const targets = [
     ...desired.files.map((f) => ({ path: f.path, origin: named(f.origin) })),
     ...desired.units.flatMap((u) => [
@@ -89,19 +92,34 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
       ...u.dropIns.map((d) => ({ path: dropInPath(u.name, d.name), origin: `${source}: unit ${u.name}.dropIns[${d.name}]` })),
     ]),
   ];
-  const problems = await Promise.all(targets.map(async (t) => ({ ...t, problem: await files.writeProblem(t.path) })));
+  // The disk cannot show one target below another (an apply would write the first, then fail on the
+  // second), nor two that are one file through a symlink (each apply would write both, for ever).
+  const placed = await Promise.all(targets.map(async (t) => ({ ...t, at: (await files.landsAt(t.path)) ?? t.path })));
+  const written = new Set(placed.map((t) => t.at));
+  const first = new Map<string, string>();
+  const found = placed.map((t) => {
+    const parent = ancestorsOf(t.at).find((a) => written.has(a));
+    const same = first.get(t.at);
+    if (same === undefined) first.set(t.at, t.path);
+    return { ...t, problem: parent ? `${parent} is a file the OSC writes too` : same ? `it is ${same} too, through a symlink` : undefined };
+  });
+  const problems = await Promise.all(found.map(async (t) => ({ ...t, problem: t.problem ?? (await files.writeProblem(t.path)) })));
   return problems.flatMap((t) => (t.problem ? [`${t.origin}: ${t.path} cannot be written: ${t.problem}`] : []));
 }
+
+/** "/a/b/c" → ["/a", "/a/b"]. */
+const ancestorsOf = (path: string) => path.split("/").slice(1, -1).map((_, i, segs) => `/${segs.slice(0, i + 1).join("/")}`);
 
 async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
   const cri = osc.spec.criConfig;
   if (!managesContainerd(cri)) return undefined;
-  const current = await inputs.files.read(containerdConfigFile);
+  const bytes = await inputs.files.read(containerdConfigFile);
+  const current = bytes ? new TextDecoder().decode(bytes) : undefined;
   return containerdDesired(
     {
       criConfig: cri,
-      ...(current ? { current: new TextDecoder().decode(current) } : {}),
-      defaultConfig: current ? "" : (await containerdDefaultConfig({ log: inputs.log })).config,
+      ...(current !== undefined ? { current } : {}),
+      defaultConfig: needsDefaultConfig(current) ? (await containerdDefaultConfig({ log: inputs.log })).config : "",
       readyRegistries: await readyRegistries(cri.containerd.registries ?? [], inputs),
     },
     where,
@@ -113,7 +131,8 @@ async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: 
 async function readyRegistries(registries: RegistryConfig[], inputs: NodeInputs): Promise<Set<string>> {
   const ready = new Set<string>();
   for (const r of registries) {
-    if (r.readinessProbe !== true) continue;
+    // A bad upstream has no hosts.toml path to look at; containerdDesired refuses it, naming the field.
+    if (r.readinessProbe !== true || upstreamProblem(r.upstream)) continue;
     if (await inputs.files.stat(hostsTomlPath(r.upstream))) {
       ready.add(r.upstream);
       continue;

@@ -21,21 +21,24 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     for (const d of Object.keys(u.dropIns)) paths.add(dropInPath(name, d));
   }
   const observedFiles = new Map<string, { sha256: string; mode: number } | null>();
+  const landsAt = new Map<string, string>();
   await Promise.all(
     [...paths].map(async (path) => {
+      const at = await files.landsAt(path);
+      if (at !== undefined && at !== path) landsAt.set(path, at);
       const st = await files.stat(path);
       if (!st || st.kind !== "file") return observedFiles.set(path, null);
       const sha256 = await files.sha256(path);
       observedFiles.set(path, sha256 === undefined ? null : { sha256, mode: st.mode });
     }),
   );
-  if (!systemd) return { files: observedFiles };
+  if (!systemd) return { files: observedFiles, landsAt };
   const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
   for (const name of units) {
     const s = await systemd.unitStatus(name);
     observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
   }
-  return { files: observedFiles, units: observedUnits };
+  return { files: observedFiles, landsAt, units: observedUnits };
 }
 
 /** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */

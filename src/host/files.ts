@@ -54,6 +54,11 @@ export interface Files {
    * is not safe to walk through, or `path` is a directory, FIFO, socket or device.
    */
   writeProblem(path: string): Promise<string | undefined>;
+  /**
+   * The node path a write of `path` replaces: symlinks on the way followed within the root, a final one
+   * not. Two paths landing on the same one are one file. Undefined when it cannot be resolved (see writeProblem).
+   */
+  landsAt(path: string): Promise<string | undefined>;
   /** Removes a file or symlink (not a directory); false if it was not there. */
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
@@ -151,8 +156,11 @@ const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_DIRECTORY, O_NONBLOCK
 type Dir = { fh: FileHandle; st: Stats; node: string };
 /** Entry `name` of the open directory `dir` ("." for the directory itself); st: what lstat saw there, if anything. */
 type Place = { dir: Dir; name: string; node: string; st?: Stats };
-/** Where a walk ended: at a place (whose entry may be missing), or before it, at a missing or non-directory parent. */
-type Walk = { kind: "place"; at: Place } | { kind: "missing" | "notDir"; node: string };
+/**
+ * Where a walk ended: at a place (whose entry may be missing), or before it, at a missing or non-directory
+ * parent `node`, with the components it did not walk yet (`rest`).
+ */
+type Walk = { kind: "place"; at: Place } | { kind: "missing" | "notDir"; node: string; rest: string[] };
 
 const via = (dir: Dir, name: string) => `/proc/self/fd/${dir.fh.fd}/${name}`;
 const child = (node: string, name: string) => `${node === "/" ? "" : node}/${name}`;
@@ -307,7 +315,7 @@ export function createFiles(rootDir = "/"): Files {
         }
         if (st === undefined) {
           if (last) return place(dir, name);
-          if (!o.create) return { kind: "missing", node: child(dir.node, name) };
+          if (!o.create) return { kind: "missing", node: child(dir.node, name), rest: todo };
           await makeDir(op, path, dir, name);
           todo.unshift(name);
           continue;
@@ -322,7 +330,7 @@ export function createFiles(rootDir = "/"): Files {
         }
         if (st.isDirectory()) stack.push(await openDir(op, path, dir, name));
         else if (last) return place(dir, name, st);
-        else return { kind: "notDir", node: child(dir.node, name) };
+        else return { kind: "notDir", node: child(dir.node, name), rest: todo };
       }
       const top = stack[stack.length - 1] as Dir; // the path named a directory: the root, or through a final symlink or ".."
       return place(top, ".", top.st);
@@ -492,6 +500,18 @@ export function createFiles(rootDir = "/"): Files {
         if (err instanceof FileError) return err.reason;
         throw err;
       }
+    },
+    async landsAt(path) {
+      let w: Walk;
+      try {
+        w = await walk("landsAt", path, { follow: false, create: false });
+      } catch (err) {
+        if (err instanceof FileError) return undefined;
+        throw err;
+      }
+      if (w.kind !== "place") return [w.node, ...w.rest].join("/");
+      await w.at.dir.fh.close();
+      return w.at.node;
     },
 
     async writeAtomic(path, content, mode) {

@@ -147,11 +147,23 @@ export function renderHostsToml(r: RegistryConfig): string {
 
 // --- config.toml -------------------------------------------------------------------------------------
 
+// An empty file (or only comments) holds no settings: start from the default then, as for a missing one.
+const holdsSettings = (doc: Table) => Object.keys(doc).length > 0;
+
+/**
+ * Whether containerdDesired needs containerd's default config for the config.toml on disk (`current`):
+ * when there is none, or it holds no settings. A file that does not parse needs none: its error is reported.
+ */
+export function needsDefaultConfig(current: string | undefined): boolean {
+  if (current === undefined) return true;
+  const doc = parseToml(current, containerdConfigFile, []);
+  return doc !== undefined && !holdsSettings(doc);
+}
+
 function patchConfig(input: ContainerdInputs, where: string, errors: string[]): { configToml: string; configChanged: boolean; configVersion: ConfigVersion } | undefined {
   const currentDoc = input.current === undefined ? undefined : parseToml(input.current, containerdConfigFile, errors);
   if (input.current !== undefined && !currentDoc) return undefined;
-  // An empty file (or only comments) holds no settings: start from the default then, as for a missing one.
-  const useCurrent = currentDoc !== undefined && Object.keys(currentDoc).length > 0;
+  const useCurrent = currentDoc !== undefined && holdsSettings(currentDoc);
   const label = useCurrent ? containerdConfigFile : "containerd's default config";
   // Parsed again to patch a copy: currentDoc stays as on disk for the comparison at the end.
   const doc = parseToml(useCurrent ? (input.current as string) : input.defaultConfig, label, errors);
@@ -444,7 +456,7 @@ function checkRegistries(registries: RegistryConfig[], field: string, errors: st
 }
 
 /** Gardener's rule: `_default`, or a DNS-1123 subdomain with an optional port — a certs.d dir name. */
-function upstreamProblem(upstream: string): string | undefined {
+export function upstreamProblem(upstream: string): string | undefined {
   if (upstream === "_default") return undefined;
   let host = upstream;
   const colon = upstream.lastIndexOf(":");

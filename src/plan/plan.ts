@@ -38,16 +38,19 @@ export function makePlan(input: PlanInput): Plan {
   const systemd = (unit: string) => observed.units?.get(unit);
   const desiredUnits = new Set(desired.units.map((u) => u.name));
   // A path the desired state writes is never removed, whatever role trellis owned it in before (a unit
-  // file or drop-in that became a plain file, or the reverse); and no path is removed twice.
+  // file or drop-in that became a plain file, or the reverse), nor under another name through a symlink
+  // (an OSC moving a file from /var/run to /run); and no file is removed twice.
+  const landing = (path: string) => observed.landsAt?.get(path) ?? path;
   const kept = new Set([...desired.files.map((f) => f.path), ...desired.keep]);
   for (const u of desired.units) {
     if (u.content !== undefined) kept.add(unitFilePath(u.name));
     for (const d of u.dropIns) kept.add(dropInPath(u.name, d.name));
   }
+  for (const path of [...kept]) kept.add(landing(path));
   const removing = new Set<string>();
   const removable = (path: string) => {
-    if (kept.has(path) || removing.has(path) || !disk(path)) return false;
-    removing.add(path);
+    if (kept.has(path) || kept.has(landing(path)) || removing.has(landing(path)) || !disk(path)) return false;
+    removing.add(landing(path));
     return true;
   };
 

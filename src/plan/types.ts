@@ -32,6 +32,8 @@ export type Plan = v.InferOutput<typeof PlanSchema>;
 export type Observed = {
   /** Every path the plan may touch: sha256 and mode, or null when missing. */
   files: ReadonlyMap<string, { sha256: string; mode: number } | null>;
+  /** Paths reached through a symlink: the path each lands on (Files.landsAt), where it differs. */
+  landsAt?: ReadonlyMap<string, string>;
   /** systemd's view of the units involved; undefined when systemd is not consulted (`plan --root`). */
   units?: ReadonlyMap<string, { unitFileState: string; activeState: string }>;
 };

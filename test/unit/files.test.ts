@@ -346,6 +346,21 @@ describe("symlinks resolve within the root, as the node sees them", () => {
     expect(lstatSync(`${root}/etc/link`).isFile()).toBe(true);
   });
 
+  test("landsAt: the path a write replaces, through parent symlinks but not a final one; undefined when unresolvable", async () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/var`);
+    mkdirSync(`${root}/run`);
+    symlinkSync("/run", `${root}/var/run`);
+    symlinkSync("/run/a", `${root}/link`);
+    symlinkSync("/b", `${root}/a`);
+    symlinkSync("/a", `${root}/b`);
+    expect(await files.landsAt("/var/run/x/y")).toBe("/run/x/y");
+    expect(await files.landsAt("/link")).toBe("/link");
+    expect(await files.landsAt("/etc/new")).toBe("/etc/new");
+    expect(await files.landsAt("/a/x")).toBeUndefined();
+    expect(await createFiles("/").landsAt("/")).toBe("/");
+  });
+
   test("a symlink loop is a FileError", async () => {
     const { root, files } = fresh();
     symlinkSync("/b", `${root}/a`);

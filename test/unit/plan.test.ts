@@ -261,6 +261,14 @@ describe("files", () => {
     expect(shown(p)).toEqual([]);
   });
 
+  test("a file that moved to a path it is reached through by a symlink (/var/run → /run) is written, never removed", () => {
+    const before = file("/var/run/x.conf", "x");
+    const after = file("/run/x.conf", "x v2");
+    const disk: Disk = new Map([[before.path, { sha256: before.sha256, mode: before.mode }], [after.path, { sha256: before.sha256, mode: before.mode }]]);
+    const p = plan(desired([], [after]), ownedFrom(desired([], [before])), { files: disk, landsAt: new Map([[before.path, after.path]]) });
+    expect(shown(p)).toEqual([`write ${after.path}`]);
+  });
+
   test("a file removed from the OSC and already gone from disk needs no step", () => {
     const p = change(node({ kubelet: unit("kubelet.service", { content: "k" }) }), node({ kubelet: unit("kubelet.service", { content: "k" }) }, [sysctl]), { disk: { [kubeletConf.path]: null } });
     expect(shown(p)).toEqual([]);
