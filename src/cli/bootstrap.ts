@@ -18,7 +18,7 @@ import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } from "../api/agent-unit.ts";
-import type { NodeAgentConfiguration } from "../api/agent-config.ts";
+import { apiServerCa, type NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import { createFiles, type Files } from "../host/files.ts";
@@ -112,10 +112,10 @@ export async function ensureAgentCredentials(o: {
   if (!(await files.stat(paths.bootstrapToken))) {
     throw new Error(`${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with`);
   }
-  const caFile = config.apiServer.caFile || paths.clusterCa;
+  const ca = apiServerCa(config.apiServer, paths.clusterCa);
   const machine = await machineName(files, o.hostName);
   log.info("requesting a client certificate with the bootstrap token", { kubeconfig: paths.kubeconfig, because: problem, machineName: machine, server });
-  const kube = kubeFromConnection({ kind: "token-file", server, caFile, tokenFile: paths.bootstrapToken });
+  const kube = kubeFromConnection({ kind: "token-file", server, ca, tokenFile: paths.bootstrapToken });
   const request = await pendingRequest(files, machine, log);
   let certPem: string;
   try {
@@ -125,7 +125,7 @@ export async function ensureAgentCredentials(o: {
     if (err instanceof CsrError && err.reason !== "timeout") await files.remove(pendingRequestPath);
     throw err;
   }
-  const kubeconfig = renderKubeconfig({ server, ca: { file: caFile }, certPem, keyPem: request.keyPem });
+  const kubeconfig = renderKubeconfig({ server, ca, certPem, keyPem: request.keyPem });
   await files.writeAtomic(paths.kubeconfig, kubeconfig, 0o600);
   await files.remove(pendingRequestPath);
   const cert = readClientCertificate(kubeconfig);
@@ -159,7 +159,7 @@ export async function ensureKubeletBootstrapKubeconfig(o: { config: NodeAgentCon
   const content = renderTokenKubeconfig({
     name: "kubelet-bootstrap",
     server: config.apiServer.server,
-    caFile: config.apiServer.caFile || paths.clusterCa,
+    ca: apiServerCa(config.apiServer, paths.clusterCa),
     token,
   });
   const mode = 0o600;

@@ -104,7 +104,7 @@ controllers:
     const [first, second] = [await serviceAccountToken("rotate-a"), await serviceAccountToken("rotate-b")];
     const tokenFile = `${cluster.dir}/rotating.token`;
     writeFileSync(tokenFile, first);
-    const kube = kubeFromConnection({ kind: "token-file", server: cluster.server, caFile: cluster.caFile, tokenFile });
+    const kube = kubeFromConnection({ kind: "token-file", server: cluster.server, ca: { file: cluster.caFile }, tokenFile });
     expect((await whoami(kube)).username).toBe("system:serviceaccount:default:rotate-a");
     writeFileSync(tokenFile, `${second}\n`);
     expect((await whoami(kube)).username).toBe("system:serviceaccount:default:rotate-b");
