@@ -6,11 +6,12 @@
 import * as v from "valibot";
 import { Buffer } from "node:buffer";
 import { decodeBase64 } from "./base64.ts";
-import { record, strictObject as object } from "./shapes.ts";
+import { notGardenerField, record, strictObject } from "./shapes.ts";
 import { parseGoDuration } from "./duration.ts";
 import { formatIssues } from "./issues.ts";
 import { parseYaml } from "./yaml.ts";
 
+const object = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("NodeAgentConfiguration"));
 const json = "application/json";
 const unsupportedText = (why: string) => `not supported by trellis: ${why}`;
 const unsupported = (why: string) => () => unsupportedText(why);

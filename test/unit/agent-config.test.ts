@@ -122,8 +122,8 @@ controllers:
     ["a kubelet data volume", minimal + "bootstrap: {kubeletDataVolumeSize: 10737418240}\n", "bootstrap.kubeletDataVolumeSize: not supported by trellis"],
     ["a caBundle that is no PEM", minimal + "apiServer: {caBundle: aGVsbG8=}\n", "apiServer.caBundle: not base64 of a PEM certificate bundle"],
     ["caFile and caBundle", minimal + `apiServer: {caFile: /ca.crt, caBundle: ${Buffer.from(pem).toString("base64")}}\n`, "apiServer: caFile and caBundle are both set"],
-    ["an unknown field", minimal + "logLevle: debug\n", "logLevle: Invalid key"],
-    ["an unknown nested field", minimal + "apiServer: {servr: https://x}\n", "apiServer.servr: Invalid key"],
+    ["an unknown field", minimal + "logLevle: debug\n", "logLevle: unknown field: not in Gardener v1.150's NodeAgentConfiguration"],
+    ["an unknown nested field", minimal + "apiServer: {servr: https://x}\n", "apiServer.servr: unknown field"],
   ])("%s is rejected naming the field", (_name, text, expected) => {
     const r = parseAgentConfig(text, "config.yaml");
     expect(r.ok).toBe(false);
