@@ -105,9 +105,8 @@ export const NodeAgentConfigurationSchema = object({
   bootstrap: v.optional(
     v.nullable(
       object({
-        kubeletDataVolumeSize: v.optional(
-          v.nullable(v.pipe(v.number(), v.integer(), v.check(() => false, unsupported("trellis does not format and mount a kubelet data volume; prepare /var/lib/kubelet before bootstrap and remove the field")))),
-        ),
+        // Bytes, as Gardener renders the worker's data volume size.
+        kubeletDataVolumeSize: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(1)))),
       }),
     ),
   ),

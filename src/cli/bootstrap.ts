@@ -22,6 +22,7 @@ import { apiServerCa, type NodeAgentConfiguration } from "../api/agent-config.ts
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import { createFiles, type Files } from "../host/files.ts";
+import { ensureKubeletDataVolume } from "../host/kubelet-data-volume.ts";
 import { createSystemd, type Systemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, machineName, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
@@ -61,6 +62,11 @@ export async function run(args: string[]): Promise<number> {
   const files = createFiles("/");
   const systemd = createSystemd({ log });
   try {
+    // Before anything is written below /var/lib/kubelet: that directory moves onto the volume.
+    const volumeSize = config.bootstrap?.kubeletDataVolumeSize;
+    if (volumeSize) {
+      await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
+    }
     const renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
     await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
     await step(`c. ${agentUnit}`, () => installAgentUnit({ files, systemd, log, configDir, restart: renewed }));

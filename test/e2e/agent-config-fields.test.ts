@@ -28,7 +28,6 @@ const configDir = (text: string) => {
 
 describe("the compiled binary", () => {
   test.each([
-    ["bootstrap.kubeletDataVolumeSize", "bootstrap: {kubeletDataVolumeSize: 21474836480}\n"],
     ["clientConnection.qps", "clientConnection: {qps: 20}\n"],
     ["clientConnection.contentType", "clientConnection: {contentType: application/vnd.kubernetes.protobuf}\n"],
     ["logFormat", "logFormat: text\n"],

@@ -1,7 +1,7 @@
 // What Gardener itself renders (test/peer/osc-render: Gardener v1.150's own code, built from the Go module
 // proxy) read by trellis: the OSC and the NodeAgentConfiguration in it pass the strict schemas (every field
-// known, docs/gardener-fields.md), the checksum trellis stamps is the one gardenlet computed, and what trellis
-// refuses (bootstrap.kubeletDataVolumeSize) is refused as Gardener sends it. Checksums of bytes that are not
+// known, docs/gardener-fields.md), the checksum trellis stamps is the one gardenlet computed, and
+// bootstrap.kubeletDataVolumeSize comes in the unit trellis reads (bytes). Checksums of bytes that are not
 // UTF-8 are compared with sha256sum, an implementation that is not trellis's.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
@@ -60,11 +60,11 @@ describe("Gardener's rendering, read by trellis", () => {
     expect(oscChecksum(withDataVolume.bytes)).toBe(withDataVolume.checksum);
   });
 
-  test("a kubelet data volume: Gardener sends bootstrap.kubeletDataVolumeSize, trellis refuses it naming the field", () => {
-    expect((withDataVolume.osc.spec.units ?? []).map((u) => u.name)).toContain("var-lib-kubelet.mount");
+  test("a kubelet data volume: Gardener sends bootstrap.kubeletDataVolumeSize in bytes, and the mount unit for later boots", () => {
+    expect((withDataVolume.osc.spec.units ?? []).find((u) => u.name === "var-lib-kubelet.mount")?.content).toContain("What=/dev/disk/by-label/KUBEDEV");
     const config = parseAgentConfig(agentConfigIn(withDataVolume.init), "config-v1.150.0.yaml");
-    expect(config.ok).toBe(false);
-    if (!config.ok) expect(config.errors.join("\n")).toContain("config-v1.150.0.yaml: bootstrap.kubeletDataVolumeSize: not supported by trellis");
+    if (!config.ok) throw new Error(config.errors.join("\n"));
+    expect(config.config.bootstrap?.kubeletDataVolumeSize).toBe(20 * 1024 ** 3);
   });
 });
 

@@ -119,7 +119,7 @@ controllers:
     ["text logs", minimal + "logFormat: text\n", "logFormat: not supported by trellis: trellis logs JSON lines only"],
     ["a feature gate", minimal + "featureGates: {SomeGate: true}\n", "featureGates: SomeGate: not supported by trellis: trellis has no feature gates"],
     ["profiling", minimal + "debugging: {enableProfiling: true}\n", "debugging.enableProfiling: not supported by trellis"],
-    ["a kubelet data volume", minimal + "bootstrap: {kubeletDataVolumeSize: 10737418240}\n", "bootstrap.kubeletDataVolumeSize: not supported by trellis"],
+    ["a kubelet data volume of no size", minimal + "bootstrap: {kubeletDataVolumeSize: 0}\n", "bootstrap.kubeletDataVolumeSize:"],
     ["a caBundle that is no PEM", minimal + "apiServer: {caBundle: aGVsbG8=}\n", "apiServer.caBundle: not base64 of a PEM certificate bundle"],
     ["caFile and caBundle", minimal + `apiServer: {caFile: /ca.crt, caBundle: ${Buffer.from(pem).toString("base64")}}\n`, "apiServer: caFile and caBundle are both set"],
     ["an unknown field", minimal + "logLevle: debug\n", "logLevle: unknown field: not in Gardener v1.150's NodeAgentConfiguration"],
