@@ -7,17 +7,12 @@ import { Buffer } from "node:buffer";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { trellisBinary } from "../harness/binary.ts";
 import { run, runOk } from "../harness/exec.ts";
+import { minimalAgentConfig } from "../fixtures/agent-config.ts";
 
 const base = mkdtempSync("/tmp/trellis-config-fields-");
 afterAll(() => rmSync(base, { recursive: true, force: true }));
 
-const minimal = `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
-kind: NodeAgentConfiguration
-controllers:
-  operatingSystemConfig:
-    secretName: gardener-node-agent-worker-abc
-    kubernetesVersion: 1.35.4
-`;
+const minimal = minimalAgentConfig;
 let dirs = 0;
 const configDir = (text: string) => {
   const dir = `${base}/${++dirs}`;

@@ -6,14 +6,9 @@ import { configFileIn } from "../../src/cli/agent-config.ts";
 import { version } from "../../src/version.ts";
 import { apiServerCa, parseAgentConfig } from "../../src/api/agent-config.ts";
 import { formatDuration, formatElapsed, parseGoDuration } from "../../src/api/duration.ts";
+import { minimalAgentConfig } from "../fixtures/agent-config.ts";
 
-const minimal = `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
-kind: NodeAgentConfiguration
-controllers:
-  operatingSystemConfig:
-    secretName: gardener-node-agent-worker-abc
-    kubernetesVersion: 1.35.4
-`;
+const minimal = minimalAgentConfig;
 
 const pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 
