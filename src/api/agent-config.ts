@@ -1,11 +1,20 @@
 // NodeAgentConfiguration (nodeagent.config.gardener.cloud/v1alpha1): gardener-node-agent's own
 // config file, read unchanged so trellis can replace it. Defaults and limits are Gardener's
-// (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go).
+// (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go). Every field is acted on or
+// refused with an error naming it (docs/gardener-fields.md): a setting the operator wrote must never
+// be dropped silently, and a field trellis does not know may change behaviour it cannot provide.
 import * as v from "valibot";
-import { object, record } from "./shapes.ts";
+import { Buffer } from "node:buffer";
+import { decodeBase64 } from "./base64.ts";
+import { notGardenerField, record, strictObject } from "./shapes.ts";
 import { parseGoDuration } from "./duration.ts";
 import { formatIssues } from "./issues.ts";
 import { parseYaml } from "./yaml.ts";
+
+const object = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("NodeAgentConfiguration"));
+const json = "application/json";
+const unsupportedText = (why: string) => `not supported by trellis: ${why}`;
+const unsupported = (why: string) => () => unsupportedText(why);
 
 const duration = (min: { ms: number; text: string }) =>
   v.pipe(
@@ -42,20 +51,65 @@ export const NodeAgentConfigurationSchema = object({
     object({
       kubeconfig: v.optional(v.string(), ""),
       // Go writes a field it has no value for as its zero value (Gardener's rendered configuration has
-      // `qps: 0` and `logLevel: ""`), and Gardener's defaulting turns that into the default.
-      qps: v.optional(v.pipe(v.number(), v.transform((q) => q || 50)), 50),
-      burst: v.optional(v.pipe(v.number(), v.integer(), v.transform((b) => b || 100)), 100),
-      acceptContentTypes: v.optional(v.string(), ""),
-      contentType: v.optional(v.string(), ""),
+      // `qps: 0`), and Gardener's defaulting turns that into the default. trellis's client has no
+      // client-side rate limit: its requests are few and event-driven, below the default's 50/s and 100.
+      // A limit set on purpose is one it would not keep, so only the defaults are accepted.
+      qps: v.optional(v.pipe(v.number(), v.check((q) => q === 0 || q === 50, unsupported("trellis's API client has no client-side rate limit; only the default 50 (or 0) is accepted")), v.transform((): number => 50)), 50),
+      burst: v.optional(v.pipe(v.number(), v.integer(), v.check((b) => b === 0 || b === 100, unsupported("trellis's API client has no client-side rate limit; only the default 100 (or 0) is accepted")), v.transform((): number => 100)), 100),
+      acceptContentTypes: v.optional(v.pipe(v.string(), v.check((t) => t === "" || t.split(",").some((c) => c.trim() === json), unsupported(`trellis reads ${json} only; the list must be empty or include it`))), ""),
+      // Gardener's default, protobuf, is an encoding trellis's client does not speak: "" means JSON here.
+      contentType: v.optional(v.pipe(v.string(), v.check((t) => t === "" || t === json, unsupported(`trellis sends ${json} only; leave it empty or set ${json}`))), ""),
     }),
     {},
   ),
   logLevel: v.optional(v.pipe(v.picklist(["debug", "info", "error", ""]), v.transform((l) => l || "info")), "info"),
-  logFormat: v.optional(v.pipe(v.picklist(["json", "text", ""]), v.transform((f) => f || "json")), "json"),
+  logFormat: v.optional(
+    v.pipe(
+      v.picklist(["json", "text", ""]),
+      v.check((f) => f !== "text", unsupported("trellis logs JSON lines only (journald keeps each as one message); use json")),
+      v.transform((): "json" => "json"),
+    ),
+    "json",
+  ),
   server: v.optional(object({ healthProbes: server(2751), metrics: server(2752) }), {}),
-  featureGates: v.optional(record(v.string(), v.boolean()), {}),
-  apiServer: v.optional(object({ server: v.optional(v.string(), ""), caFile: v.optional(v.string(), "") }), {}),
-  bootstrap: v.optional(object({ kubeletDataVolumeSize: v.optional(v.pipe(v.number(), v.integer())) })),
+  // gardener-node-agent v1.150 registers no feature gate of its own; trellis has none either, so any
+  // gate named is one whose behaviour it cannot switch.
+  featureGates: v.optional(
+    v.pipe(
+      record(v.string(), v.boolean()),
+      v.check((g) => Object.keys(g).length === 0, (i) => `${Object.keys(i.input as object).join(", ")}: ${unsupportedText("trellis has no feature gates (gardener-node-agent v1.150 registers none)")}`),
+    ),
+    {},
+  ),
+  // Profiling endpoints are not served by trellis: accepted only when off.
+  debugging: v.optional(
+    v.nullable(
+      object({
+        enableProfiling: v.optional(v.nullable(v.pipe(v.boolean(), v.check((b) => !b, unsupported("trellis serves no profiling endpoint"))))),
+        enableContentionProfiling: v.optional(v.nullable(v.pipe(v.boolean(), v.check((b) => !b, unsupported("trellis serves no profiling endpoint"))))),
+      }),
+    ),
+  ),
+  apiServer: v.optional(
+    v.pipe(
+      object({
+        server: v.optional(v.string(), ""),
+        caFile: v.optional(v.string(), ""),
+        // Gardener before v1.147 sends the CA itself (Go []byte: base64 of the PEM) instead of caFile.
+        caBundle: v.optional(v.pipe(v.string(), v.check((b) => caBundlePem(b) !== undefined, "not base64 of a PEM certificate bundle"))),
+      }),
+      v.check((a) => !(a.caFile && a.caBundle), "caFile and caBundle are both set: Gardener sends one of them; remove the other"),
+    ),
+    {},
+  ),
+  bootstrap: v.optional(
+    v.nullable(
+      object({
+        // Bytes, as Gardener renders the worker's data volume size.
+        kubeletDataVolumeSize: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(1)))),
+      }),
+    ),
+  ),
   controllers: object({
     operatingSystemConfig: object({
       secretName: v.pipe(v.string("must provide the secret name for the operating system config"), v.nonEmpty("must provide the secret name for the operating system config")),
@@ -95,6 +149,19 @@ export const NodeAgentConfigurationSchema = object({
 });
 
 export type NodeAgentConfiguration = v.InferOutput<typeof NodeAgentConfigurationSchema>;
+
+/** The API server's CA as the config gives it: caFile, else caBundle (older Gardener), else cluster-ca.crt. */
+export function apiServerCa(apiServer: NodeAgentConfiguration["apiServer"], clusterCaFile: string): { file: string } | { data: string } {
+  if (apiServer.caFile) return { file: apiServer.caFile };
+  const pem = apiServer.caBundle === undefined ? undefined : caBundlePem(apiServer.caBundle);
+  return pem === undefined ? { file: clusterCaFile } : { data: pem };
+}
+
+function caBundlePem(base64: string): string | undefined {
+  const bytes = decodeBase64(base64);
+  const pem = bytes && Buffer.from(bytes).toString("utf8");
+  return pem?.includes("-----BEGIN CERTIFICATE-----") ? pem : undefined;
+}
 
 
 export type ConfigResult = { ok: true; config: NodeAgentConfiguration } | { ok: false; errors: string[] };

@@ -1,15 +1,17 @@
 // The OSC's `spec.criConfig` (Gardener's CRIConfig, extensions.gardener.cloud/v1alpha1). Shapes only, as
-// in osc.ts: unknown fields pass, optional fields may be null as Go's encoder writes them. What the
+// in osc.ts: unknown fields are refused, optional fields may be null as Go's encoder writes them. What the
 // values mean (upstream names, URLs, plugin paths) is checked in src/plan/containerd.ts, which names
 // the field of every problem.
 import * as v from "valibot";
-import { looseObject, record } from "./shapes.ts";
+import { notGardenerField, record, strictObject } from "./shapes.ts";
+
+const criObject = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("OperatingSystemConfig"));
 
 const opt = <T extends v.GenericSchema>(schema: T) => v.optional(v.nullable(schema));
 
 export const registryCapabilities = ["pull", "resolve", "push"] as const;
 
-export const RegistryHostSchema = looseObject({
+export const RegistryHostSchema = criObject({
   url: v.string(),
   /** Defaults to pull + resolve, as Gardener's. */
   capabilities: opt(v.array(v.picklist(registryCapabilities))),
@@ -18,7 +20,7 @@ export const RegistryHostSchema = looseObject({
   overridePath: opt(v.boolean()),
 });
 
-export const RegistryConfigSchema = looseObject({
+export const RegistryConfigSchema = criObject({
   /** host[:port] as containerd names the directory under certs.d, or `_default`. */
   upstream: v.string(),
   server: opt(v.string()),
@@ -27,7 +29,7 @@ export const RegistryConfigSchema = looseObject({
   readinessProbe: opt(v.boolean()),
 });
 
-export const PluginConfigSchema = looseObject({
+export const PluginConfigSchema = criObject({
   /** Gardener's default is add. */
   op: opt(v.picklist(["add", "remove"])),
   /** Below `plugins`, e.g. ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"]. */
@@ -36,13 +38,13 @@ export const PluginConfigSchema = looseObject({
   values: opt(record(v.string(), v.unknown())),
 });
 
-export const ContainerdConfigSchema = looseObject({
+export const ContainerdConfigSchema = criObject({
   registries: opt(v.array(RegistryConfigSchema)),
   sandboxImage: opt(v.string()),
   plugins: opt(v.array(PluginConfigSchema)),
 });
 
-export const CriConfigSchema = looseObject({
+export const CriConfigSchema = criObject({
   // A string, not a picklist: an OSC naming another CRI is not invalid, trellis just has nothing to do
   // for it (gardener-node-agent likewise acts only on "containerd").
   name: v.string(),

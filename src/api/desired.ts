@@ -47,6 +47,13 @@ const dropInName = /^[^/\0]+\.conf$/;
 
 export const sha256Hex = (data: Uint8Array | string): string => createHash("sha256").update(data).digest("hex");
 
+/**
+ * Gardener's checksum of an OSC (gardenlet's checksum/data-script, the Node's checksum/cloud-config-data):
+ * SHA-256 of osc.yaml's bytes as the Secret holds them. Bytes only: a decoded text would lose a BOM or
+ * replace bytes that are not UTF-8, and name another OSC.
+ */
+export const oscChecksum = (oscYaml: Uint8Array): string => sha256Hex(oscYaml);
+
 /** Parses osc.yaml; errors name the source and field. */
 /** Parses osc.yaml as the Secret holds it: bytes within the size cap, UTF-8, then YAML (parseOsc). */
 export function parseOscBytes(bytes: Uint8Array, source: string): Result<OperatingSystemConfig> {

@@ -1,15 +1,22 @@
 // OperatingSystemConfig (extensions.gardener.cloud/v1alpha1) as gardener-node-agent reads it from the
-// OSC Secret's `osc.yaml`. Only the fields the agent uses are typed; unknown fields pass through so a
-// newer Gardener does not break the agent. The schema checks shapes; desired.ts checks meaning.
+// OSC Secret's `osc.yaml`. Every field of Gardener v1.150's type is listed: those the agent acts on are
+// typed, those that concern the control plane and not the node are accepted as they are
+// (docs/gardener-fields.md says which and why). A key that is no field of Gardener's is refused naming
+// it, unlike Gardener's non-strict decoder: a newer Gardener's field may change what the node must do,
+// and trellis cannot know. The schema checks shapes; desired.ts checks meaning.
 import * as v from "valibot";
-import { looseObject, object } from "./shapes.ts";
+import { notGardenerField, strictObject } from "./shapes.ts";
 import { CriConfigSchema } from "./cri-config.ts";
+
+export const oscObject = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("OperatingSystemConfig"));
+/** A field for the control plane (extension controllers, gardenlet), not for the node: accepted, not read. */
+const controlPlaneOnly = v.optional(v.unknown());
 
 const unitCommand = v.picklist(["start", "restart", "stop"]);
 
-export const DropInSchema = object({ name: v.string(), content: v.string() });
+export const DropInSchema = oscObject({ name: v.string(), content: v.string() });
 
-export const UnitSchema = looseObject({
+export const UnitSchema = oscObject({
   name: v.string(),
   command: v.optional(v.nullable(unitCommand)),
   enable: v.optional(v.nullable(v.boolean())),
@@ -18,32 +25,47 @@ export const UnitSchema = looseObject({
   filePaths: v.optional(v.nullable(v.array(v.string()))),
 });
 
-export const FileContentSchema = looseObject({
-  inline: v.optional(v.nullable(object({ encoding: v.optional(v.string(), ""), data: v.string() }))),
-  secretRef: v.optional(v.nullable(object({ name: v.string(), dataKey: v.string() }))),
-  imageRef: v.optional(v.nullable(object({ image: v.string(), filePathInImage: v.string() }))),
+export const FileContentSchema = oscObject({
+  inline: v.optional(v.nullable(oscObject({ encoding: v.optional(v.string(), ""), data: v.string() }))),
+  secretRef: v.optional(v.nullable(oscObject({ name: v.string(), dataKey: v.string() }))),
+  imageRef: v.optional(v.nullable(oscObject({ image: v.string(), filePathInImage: v.string() }))),
   transmitUnencoded: v.optional(v.nullable(v.boolean())),
 });
 
-export const FileSchema = looseObject({
+export const FileSchema = oscObject({
   path: v.string(),
   permissions: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0o7777)))),
   content: FileContentSchema,
   hostName: v.optional(v.nullable(v.string())),
 });
 
-export const OperatingSystemConfigSchema = looseObject({
+export const OperatingSystemConfigSchema = oscObject({
   apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
   kind: v.literal("OperatingSystemConfig"),
-  spec: looseObject({
+  metadata: controlPlaneOnly,
+  spec: oscObject({
+    type: controlPlaneOnly,
+    class: controlPlaneOnly,
+    providerConfig: controlPlaneOnly,
     purpose: v.optional(v.nullable(v.string())),
+    // Gardener's in-place node updates: handled on their own (issue 15, spec.inPlaceUpdates).
+    inPlaceUpdates: v.optional(v.unknown()),
     units: v.optional(v.nullable(v.array(UnitSchema))),
     files: v.optional(v.nullable(v.array(FileSchema))),
     criConfig: v.optional(v.nullable(CriConfigSchema)),
   }),
   status: v.optional(
     v.nullable(
-      looseObject({
+      oscObject({
+        providerStatus: controlPlaneOnly,
+        conditions: controlPlaneOnly,
+        lastError: controlPlaneOnly,
+        lastOperation: controlPlaneOnly,
+        observedGeneration: controlPlaneOnly,
+        state: controlPlaneOnly,
+        resources: controlPlaneOnly,
+        cloudConfig: controlPlaneOnly,
+        inPlaceUpdates: v.optional(v.unknown()),
         extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
         extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
       }),

@@ -7,8 +7,19 @@ const mappingOnly = v.custom<unknown>((input) => !Array.isArray(input), "Invalid
 
 export const object = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.object(entries));
 
-/** A mapping of trellis's own formats: a key it does not know is an error, never ignored. */
-export const strictObject = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.strictObject(entries));
+/**
+ * A mapping whose unknown key is an error, never ignored: trellis's own formats, and Gardener's
+ * (docs/gardener-fields.md). `unknownKey`: the message for that error (others keep valibot's).
+ */
+export const strictObject = <const E extends v.ObjectEntries>(entries: E, unknownKey?: string) =>
+  v.pipe(
+    mappingOnly,
+    v.strictObject(entries, unknownKey === undefined ? undefined : (issue) => (issue.type === "strict_object" && issue.expected === "never" ? unknownKey : issue.message)),
+  );
+
+/** The message for a key that is not a field of Gardener's type `kind`. */
+export const notGardenerField = (kind: string) =>
+  `unknown field: not in Gardener v1.150's ${kind}; trellis refuses a field it does not know, as it cannot tell whether that field changes what the node must do`;
 
 export const looseObject = <const E extends v.ObjectEntries>(entries: E) => v.pipe(mappingOnly, v.looseObject(entries));
 

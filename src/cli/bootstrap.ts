@@ -18,10 +18,11 @@ import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } from "../api/agent-unit.ts";
-import type { NodeAgentConfiguration } from "../api/agent-config.ts";
+import { apiServerCa, type NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import { createFiles, type Files } from "../host/files.ts";
+import { ensureKubeletDataVolume } from "../host/kubelet-data-volume.ts";
 import { createSystemd, type Systemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, machineName, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
@@ -61,6 +62,11 @@ export async function run(args: string[]): Promise<number> {
   const files = createFiles("/");
   const systemd = createSystemd({ log });
   try {
+    // Before anything is written below /var/lib/kubelet: that directory moves onto the volume.
+    const volumeSize = config.bootstrap?.kubeletDataVolumeSize;
+    if (volumeSize) {
+      await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
+    }
     const renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
     await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
     await step(`c. ${agentUnit}`, () => installAgentUnit({ files, systemd, log, configDir, restart: renewed }));
@@ -112,10 +118,10 @@ export async function ensureAgentCredentials(o: {
   if (!(await files.stat(paths.bootstrapToken))) {
     throw new Error(`${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with`);
   }
-  const caFile = config.apiServer.caFile || paths.clusterCa;
+  const ca = apiServerCa(config.apiServer, paths.clusterCa);
   const machine = await machineName(files, o.hostName);
   log.info("requesting a client certificate with the bootstrap token", { kubeconfig: paths.kubeconfig, because: problem, machineName: machine, server });
-  const kube = kubeFromConnection({ kind: "token-file", server, caFile, tokenFile: paths.bootstrapToken });
+  const kube = kubeFromConnection({ kind: "token-file", server, ca, tokenFile: paths.bootstrapToken });
   const request = await pendingRequest(files, machine, log);
   let certPem: string;
   try {
@@ -125,7 +131,7 @@ export async function ensureAgentCredentials(o: {
     if (err instanceof CsrError && err.reason !== "timeout") await files.remove(pendingRequestPath);
     throw err;
   }
-  const kubeconfig = renderKubeconfig({ server, ca: { file: caFile }, certPem, keyPem: request.keyPem });
+  const kubeconfig = renderKubeconfig({ server, ca, certPem, keyPem: request.keyPem });
   await files.writeAtomic(paths.kubeconfig, kubeconfig, 0o600);
   await files.remove(pendingRequestPath);
   const cert = readClientCertificate(kubeconfig);
@@ -159,7 +165,7 @@ export async function ensureKubeletBootstrapKubeconfig(o: { config: NodeAgentCon
   const content = renderTokenKubeconfig({
     name: "kubelet-bootstrap",
     server: config.apiServer.server,
-    caFile: config.apiServer.caFile || paths.clusterCa,
+    ca: apiServerCa(config.apiServer, paths.clusterCa),
     token,
   });
   const mode = 0o600;

@@ -23,7 +23,7 @@ export function connectionFromFlags(values: ConnectionFlags, help: string): Conn
   if (values.kubeconfig) return { kind: "kubeconfig", path: values.kubeconfig };
   if (server !== undefined) {
     if (!caFile || !tokenFile) throw new UsageError(`--server needs --ca-file and --token-file\n\n${help}`);
-    return { kind: "token-file", server, caFile, tokenFile };
+    return { kind: "token-file", server, ca: { file: caFile }, tokenFile };
   }
   const { config } = loadAgentConfig(values["config-dir"] as string);
   return connectionFor(config, process.env, existsSync);

@@ -5,7 +5,7 @@
 import { parseArgs } from "node:util";
 import { CoordinationV1Api, CoreV1Api, type V1Node } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
-import { sha256Hex } from "../api/desired.ts";
+import { oscChecksum } from "../api/desired.ts";
 import { oscDataKey } from "../api/paths.ts";
 import { parseRolloutSettings, pausedLabel, poolLabel, slotCount } from "../api/rollout.ts";
 import { nextOpening, openWindow } from "../api/windows.ts";
@@ -62,7 +62,7 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
     apiClient(kube, CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotPoolLabel}=${name}` }),
   ]);
   const bytes = decodeBase64(secret.data?.[oscDataKey] ?? "");
-  const checksum = bytes ? sha256Hex(bytes) : "";
+  const checksum = bytes ? oscChecksum(bytes) : "";
   const annotations = secret.metadata?.annotations ?? {};
   const settingsText = Object.fromEntries(Object.entries(annotations).filter(([k]) => k.startsWith("rollout.trellis.dev/")).map(([k, v]) => [k.slice("rollout.trellis.dev/".length), v]));
   const parsed = parseRolloutSettings(annotations, `Secret kube-system/${name}`);

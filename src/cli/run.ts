@@ -24,6 +24,7 @@ import { archOf, createImageStore } from "../host/registry/store.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
+import { startSecretNameFollower } from "../controllers/secret-name.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger, describeError } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
@@ -131,6 +132,7 @@ export async function run(args: string[]): Promise<number> {
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
+    startSecretNameFollower({ node, files, configFile: file, secretName: controllers.operatingSystemConfig.secretName, log, restartSelf: stopFor }),
     // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
     ...(connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
       ? [startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })]

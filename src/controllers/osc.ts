@@ -12,7 +12,7 @@
 // health afterwards, rolling back if the Secret asks for it.
 import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
-import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
+import { type Desired, oscChecksum, parseOscBytes } from "../api/desired.ts";
 import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
@@ -232,7 +232,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // Gardener's checksum: of the bytes as they are, never of a re-encoded text. The Node's
     // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
     // a checksum of its own (`checksum`), for everything else.
-    const base = sha256Hex(bytes);
+    const base = oscChecksum(bytes);
     const parsed = parseOscBytes(bytes, source);
     const layered = parsed.ok ? layersFor(parsed.value, source) : parsed;
     if (!layered.ok) {

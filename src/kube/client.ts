@@ -1,6 +1,7 @@
 // Builds a client-node KubeConfig from a Connection, with TLS verified unless the kubeconfig itself
 // says insecure-skip-tls-verify. Token files are re-read when they change, so a rotated token is
 // picked up without a restart (client-node reads `token-file` once and ignores client-go's `tokenFile`).
+import { Buffer } from "node:buffer";
 import { readFileSync, statSync } from "node:fs";
 import { dirname, isAbsolute, join } from "node:path";
 import { type Cluster, type Configuration, createConfiguration, KubeConfig, Observable, ServerConfiguration, type User } from "@kubernetes/client-node";
@@ -37,7 +38,7 @@ function caSource(cluster: Cluster, conn: Connection): string {
 function fromTokenFile(conn: Extract<Connection, { kind: "token-file" }>): KubeConfig {
   const kc = new KubeConfig();
   kc.loadFromOptions({
-    clusters: [{ name: "default", server: conn.server, caFile: conn.caFile, skipTLSVerify: false }],
+    clusters: [{ name: "default", server: conn.server, ...("file" in conn.ca ? { caFile: conn.ca.file } : { caData: Buffer.from(conn.ca.data).toString("base64") }), skipTLSVerify: false }],
     users: [{ name: "trellis" }],
     contexts: [{ name: "default", cluster: "default", user: "trellis" }],
     currentContext: "default",

@@ -12,11 +12,12 @@ export type CaRef = { file: string } | { data: string };
 
 const contextName = "node-agent";
 
+const caEntry = (ca: CaRef) => ("file" in ca ? { "certificate-authority": ca.file } : { "certificate-authority-data": Buffer.from(ca.data).toString("base64") });
+
 /** `ca` undefined: the server is verified against the system trust store. */
 export function renderKubeconfig(o: { server: string; ca: CaRef | undefined; certPem: string; keyPem: string }): string {
   const b64 = (s: string) => Buffer.from(s).toString("base64");
-  const ca = o.ca === undefined ? {} : "file" in o.ca ? { "certificate-authority": o.ca.file } : { "certificate-authority-data": b64(o.ca.data) };
-  const cluster = { ...ca, server: o.server };
+  const cluster = { ...(o.ca === undefined ? {} : caEntry(o.ca)), server: o.server };
   return stringify({
     apiVersion: "v1",
     kind: "Config",
@@ -143,11 +144,11 @@ export function kubeconfigProblem(text: string | undefined, nowMs: number): stri
  * kubeconfig (bootstrappers.KubeletBootstrapKubeconfig): cluster, user and context named `name`, the CA
  * by path. It holds the token: write it 0600.
  */
-export function renderTokenKubeconfig(o: { name: string; server: string; caFile: string; token: string }): string {
+export function renderTokenKubeconfig(o: { name: string; server: string; ca: CaRef; token: string }): string {
   return stringify({
     apiVersion: "v1",
     kind: "Config",
-    clusters: [{ name: o.name, cluster: { "certificate-authority": o.caFile, server: o.server } }],
+    clusters: [{ name: o.name, cluster: { ...caEntry(o.ca), server: o.server } }],
     contexts: [{ name: o.name, context: { cluster: o.name, user: o.name } }],
     "current-context": o.name,
     preferences: {},

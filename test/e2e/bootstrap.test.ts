@@ -7,7 +7,7 @@
 // bootstrap with the CSR's name and the reason; re-runs that ask for nothing new; and a certificate near
 // the end of its life renewed by the running agent, which goes on working with the new one.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { X509Certificate } from "node:crypto";
 import { CoordinationV1Api, CoreV1Api, type V1CertificateSigningRequest } from "@kubernetes/client-node";
 import { parse as parseYaml } from "yaml";
@@ -18,7 +18,7 @@ import { trellisBinary } from "../harness/binary.ts";
 import { createBootstrapToken, csrApi, decideCsr, grantCsrRbac, waitForCsr } from "../harness/bootstrap.ts";
 import { issueClientCert } from "../harness/certs.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
-import { freePort, run, runDir, waitFor } from "../harness/exec.ts";
+import { freePort, run, runDir, runOk, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { userWithRules } from "../harness/rbac.ts";
 
@@ -49,8 +49,8 @@ type Prepared = { node: Node; machine: string; user: string; token: { token: str
  * set, CA at cluster-ca.crt), a bootstrap token of its own, a machine-name file, a registered Node.
  * With `initUnit`, a gardener-node-init.service that runs the bootstrap, enabled.
  */
-async function prepareNode(prefix: string, opts: { initUnit?: boolean; token?: boolean } = {}): Promise<Prepared> {
-  const node = await bootNode(prefix, { net: "host" });
+async function prepareNode(prefix: string, opts: { initUnit?: boolean; token?: boolean; loopDevices?: string[]; config?: string } = {}): Promise<Prepared> {
+  const node = await bootNode(prefix, { net: "host", ...(opts.loopDevices ? { loopDevices: opts.loopDevices } : {}) });
   nodes.push(node);
   const machine = `machine-${node.name}`;
   const user = `gardener.cloud:node-agent:machine:${machine}`;
@@ -71,7 +71,7 @@ controllers:
   operatingSystemConfig:
     secretName: ${secret}
     kubernetesVersion: 1.35.4
-`,
+${opts.config ?? ""}`,
     0o600,
   );
   await node.writeFile(`${base}/cluster-ca.crt`, cluster.caPem, 0o640);
@@ -361,4 +361,68 @@ describe("renewal by the running agent", () => {
       500,
     );
   }, 180_000);
+});
+
+/** A loop device over a sparse file of `size` bytes, attached on the host for one node; detached by afterAll. */
+async function loopDevice(size: number): Promise<string> {
+  const file = `${runDir("bootstrap-e2e")}/disk-${size}.img`;
+  await runOk(["truncate", "-s", String(size), file]);
+  const dev = (await runOk(["losetup", "--find", "--show", file])).trim();
+  loops.push({ dev, file });
+  return dev;
+}
+const loops: { dev: string; file: string }[] = [];
+afterAll(async () => {
+  // After the nodes (whose mount namespaces held the mounts) are gone: registered after their afterAll.
+  for (const l of loops) {
+    await run(["losetup", "-d", l.dev]);
+    rmSync(l.file, { force: true });
+  }
+}, 60_000);
+
+describe("bootstrap.kubeletDataVolumeSize (gardener-node-agent's kubelet data volume)", () => {
+  // Sizes no disk of this machine has (lsblk in a node lists the host's disks; only the node's loop device exists in its /dev).
+  const size = 64 * 1024 * 1024 + 7 * 4096;
+
+  test("the empty disk of that size is formatted ext4 KUBEDEV, /var/lib/kubelet moved onto it and mounted; run again, nothing happens", async () => {
+    const loop = await loopDevice(size);
+    const m = await prepareNode("kdv", { initUnit: true, loopDevices: [loop], config: `bootstrap:\n  kubeletDataVolumeSize: ${size}\n` });
+    const { node, token } = m;
+    await node.writeFile("/var/lib/kubelet/from-before", "kept\n");
+    await node.execOk(["systemctl", "start", "--no-block", initUnit]);
+    const csr = await waitForCsr(cluster, `a CSR from ${token.user}`, (c) => c.spec.username === token.user);
+    await decideCsr(cluster, csr.metadata?.name as string, "Approved", "TestApproved", "approved by bootstrap.test.ts");
+    await waitFor("the init unit to finish", async () => (await unitState(node, initUnit)).ActiveState === "inactive", 60_000, 200);
+    expect(await unitState(node, initUnit)).toMatchObject({ Result: "success" });
+
+    const [source, fstype, options] = (await node.execOk(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "/var/lib/kubelet"])).trim().split(/\s+/);
+    expect({ source, fstype }).toEqual({ source: loop, fstype: "ext4" });
+    expect((await node.execOk(["blkid", "-s", "LABEL", "-o", "value", loop])).trim()).toBe("KUBEDEV");
+    // Gardener's project quotas where the kernel mounts them (this machine's kernel lacks CONFIG_QFMT_V2: formatted without).
+    const features = (await node.execOk(["tune2fs", "-l", loop])).match(/^Filesystem features:.*$/m)?.[0] ?? "";
+    expect({ options: options?.includes("prjquota"), errors: options?.includes("errors=remount-ro") }).toEqual({ options: features.includes("project"), errors: true });
+    // What was there before moved onto the volume, and what the bootstrap wrote afterwards is on it too.
+    expect(await node.readFile("/var/lib/kubelet/from-before")).toBe("kept\n");
+    expect(await exists(node, "/var/lib/kubelet/kubeconfig-bootstrap")).toBe(true);
+    expect(await node.exec(["ls", "/var/lib/gardener-node-agent/tmp"]).then((r) => r.stdout.trim())).toBe("");
+
+    const again = await node.exec([bin, "bootstrap", `--config-dir=${base}`]);
+    expect(again.code).toBe(0);
+    expect(again.stderr).toContain(`${loop} is labelled KUBEDEV already: nothing to do`);
+    expect(await node.readFile("/var/lib/kubelet/from-before")).toBe("kept\n");
+  }, 180_000);
+
+  test("no empty disk of that size: a clear failure naming the field, and a disk with a filesystem is left as it was", async () => {
+    const other = size + 4096;
+    const loop = await loopDevice(other);
+    await runOk(["mkfs.ext4", "-q", "-L", "KEEPME", loop]);
+    const { node } = await prepareNode("kdvbad", { loopDevices: [loop], config: `bootstrap:\n  kubeletDataVolumeSize: ${other}\n` });
+    const r = await node.exec([bin, "bootstrap", `--config-dir=${base}`]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain(`bootstrap step 0. the kubelet data volume`);
+    // lsblk in the node sees no filesystem (no udev there); the disk itself shows one, and is not formatted.
+    expect(r.stderr).toContain(`no empty, unpartitioned disk of ${other} bytes (bootstrap.kubeletDataVolumeSize) to format for /var/lib/kubelet; of that size: ${loop} (ext4)`);
+    expect((await runOk(["blkid", "-s", "LABEL", "-o", "value", loop])).trim()).toBe("KEEPME");
+    expect((await node.exec(["findmnt", "/var/lib/kubelet"])).code).toBe(1);
+  }, 120_000);
 });

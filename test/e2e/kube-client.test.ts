@@ -2,7 +2,7 @@
 // client certificate, bearer token (inline, token file, client-go's tokenFile), API server URL +
 // CA + token file, and refuses a server its CA did not sign.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { kubeFromConnection } from "../../src/kube/client.ts";
 import { whoami } from "../../src/kube/whoami.ts";
@@ -104,10 +104,18 @@ controllers:
     const [first, second] = [await serviceAccountToken("rotate-a"), await serviceAccountToken("rotate-b")];
     const tokenFile = `${cluster.dir}/rotating.token`;
     writeFileSync(tokenFile, first);
-    const kube = kubeFromConnection({ kind: "token-file", server: cluster.server, caFile: cluster.caFile, tokenFile });
+    const kube = kubeFromConnection({ kind: "token-file", server: cluster.server, ca: { file: cluster.caFile }, tokenFile });
     expect((await whoami(kube)).username).toBe("system:serviceaccount:default:rotate-a");
     writeFileSync(tokenFile, `${second}\n`);
     expect((await whoami(kube)).username).toBe("system:serviceaccount:default:rotate-b");
+  });
+
+  test("the CA as data (an older Gardener's apiServer.caBundle) verifies the server like the CA file", async () => {
+    const tokenFile = `${cluster.dir}/ca-data.token`;
+    writeFileSync(tokenFile, await serviceAccountToken("ca-data"));
+    const kube = kubeFromConnection({ kind: "token-file", server: cluster.server, ca: { data: readFileSync(cluster.caFile, "utf8") }, tokenFile });
+    expect(kube.caSource).toBe("the configured CA");
+    expect((await whoami(kube)).username).toBe("system:serviceaccount:default:ca-data");
   });
 
   test("a token the server rejects is reported as such", async () => {

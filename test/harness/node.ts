@@ -48,6 +48,8 @@ export type BootOptions = {
    * a writable /proc/sys/net, CAP_MKNOD with the host's block devices denied. docs/testing.md says why.
    */
   kubelet?: boolean;
+  /** Loop devices (/dev/loopN, attached by the test) bound into the node's /dev: its only block devices. */
+  loopDevices?: string[];
 };
 
 /** Boots a node named `${prefix}-<random>`; `prefix` is at most 13 of [a-z0-9-]. */
@@ -61,6 +63,7 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
     NODE_TMPFS: opts.containerd ? "/var/lib/containerd" : "",
     NODE_MASK: opts.containerd ? "" : "containerd.service",
     NODE_KUBELET: opts.kubelet ? "1" : "",
+    NODE_LOOP: (opts.loopDevices ?? []).join(" "),
   };
   // Registered before booting: a crash halfway through boot must not leave a node behind either.
   const forget = atExit(() => Bun.spawnSync([`${scripts}stop.sh`, name, "5"], { stdout: "ignore", stderr: "ignore" }));

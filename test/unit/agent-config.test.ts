@@ -4,16 +4,13 @@ import { tmpdir } from "node:os";
 import { basename } from "node:path";
 import { configFileIn } from "../../src/cli/agent-config.ts";
 import { version } from "../../src/version.ts";
-import { parseAgentConfig } from "../../src/api/agent-config.ts";
+import { apiServerCa, parseAgentConfig } from "../../src/api/agent-config.ts";
 import { formatDuration, formatElapsed, parseGoDuration } from "../../src/api/duration.ts";
+import { minimalAgentConfig } from "../fixtures/agent-config.ts";
 
-const minimal = `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
-kind: NodeAgentConfiguration
-controllers:
-  operatingSystemConfig:
-    secretName: gardener-node-agent-worker-abc
-    kubernetesVersion: 1.35.4
-`;
+const minimal = minimalAgentConfig;
+
+const pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 
 describe("Go durations", () => {
   test.each([
@@ -70,13 +67,13 @@ describe("NodeAgentConfiguration", () => {
     const r = parseAgentConfig(
       `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
 kind: NodeAgentConfiguration
-clientConnection: {kubeconfig: /var/lib/gardener-node-agent/credentials/kubeconfig, qps: 100, burst: 130, acceptContentTypes: "", contentType: ""}
+clientConnection: {kubeconfig: /var/lib/gardener-node-agent/credentials/kubeconfig, qps: 0, burst: 0, acceptContentTypes: "", contentType: ""}
 logLevel: debug
-logFormat: text
+logFormat: json
 server: {healthProbes: {port: 0}, metrics: {bindAddress: 127.0.0.1, port: 9999}}
-featureGates: {SomeGate: true}
 apiServer: {server: "https://api.example:443", caFile: /var/lib/gardener-node-agent/cluster-ca.crt}
-bootstrap: {kubeletDataVolumeSize: 1024}
+bootstrap: {}
+debugging: {enableProfiling: false}
 controllers:
   operatingSystemConfig: {secretName: osc, kubernetesVersion: v1.34.2, syncPeriod: 1m30s}
   token:
@@ -109,11 +106,35 @@ controllers:
     ["wrong kind", minimal.replace("kind: NodeAgentConfiguration", "kind: Pod"), "kind:"],
     ["port out of range", minimal + "server: {metrics: {port: 70000}}\n", "server.metrics.port:"],
     ["not YAML", "controllers: [unclosed", "config.yaml: not valid YAML"],
+    // Fields gardener-node-agent acts on and trellis cannot: refused, never dropped (docs/gardener-fields.md).
+    ["a qps limit", minimal + "clientConnection: {qps: 100}\n", "clientConnection.qps: not supported by trellis: trellis's API client has no client-side rate limit"],
+    ["a burst limit", minimal + "clientConnection: {burst: 130}\n", "clientConnection.burst: not supported by trellis"],
+    ["protobuf", minimal + "clientConnection: {contentType: application/vnd.kubernetes.protobuf}\n", "clientConnection.contentType: not supported by trellis: trellis sends application/json only"],
+    ["protobuf only accepted", minimal + "clientConnection: {acceptContentTypes: application/vnd.kubernetes.protobuf}\n", "clientConnection.acceptContentTypes: not supported by trellis"],
+    ["text logs", minimal + "logFormat: text\n", "logFormat: not supported by trellis: trellis logs JSON lines only"],
+    ["a feature gate", minimal + "featureGates: {SomeGate: true}\n", "featureGates: SomeGate: not supported by trellis: trellis has no feature gates"],
+    ["profiling", minimal + "debugging: {enableProfiling: true}\n", "debugging.enableProfiling: not supported by trellis"],
+    ["a kubelet data volume of no size", minimal + "bootstrap: {kubeletDataVolumeSize: 0}\n", "bootstrap.kubeletDataVolumeSize:"],
+    ["a caBundle that is no PEM", minimal + "apiServer: {caBundle: aGVsbG8=}\n", "apiServer.caBundle: not base64 of a PEM certificate bundle"],
+    ["caFile and caBundle", minimal + `apiServer: {caFile: /ca.crt, caBundle: ${Buffer.from(pem).toString("base64")}}\n`, "apiServer: caFile and caBundle are both set"],
+    ["an unknown field", minimal + "logLevle: debug\n", "logLevle: unknown field: not in Gardener v1.150's NodeAgentConfiguration"],
+    ["an unknown nested field", minimal + "apiServer: {servr: https://x}\n", "apiServer.servr: unknown field"],
   ])("%s is rejected naming the field", (_name, text, expected) => {
     const r = parseAgentConfig(text, "config.yaml");
     expect(r.ok).toBe(false);
     if (!r.ok) expect(r.errors.join("\n")).toContain(expected);
   });
+});
+
+describe("apiServer's CA", () => {
+  const ca = (apiServer: string) => {
+    const r = parseAgentConfig(`${minimal}apiServer: ${apiServer}\n`, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    return apiServerCa(r.config.apiServer, "/cluster-ca.crt");
+  };
+  test("caFile names the file", () => expect(ca("{caFile: /etc/ca.crt}")).toEqual({ file: "/etc/ca.crt" }));
+  test("caBundle (Gardener before v1.147) is the CA itself", () => expect(ca(`{caBundle: ${Buffer.from(pem).toString("base64")}}`)).toEqual({ data: pem }));
+  test("neither: cluster-ca.crt", () => expect(ca("{server: https://api}")).toEqual({ file: "/cluster-ca.crt" }));
 });
 
 describe("which file in --config-dir", () => {

@@ -88,7 +88,7 @@ describe("the controller", () => {
   });
 
   test("a kubeconfig without a client certificate: nothing to renew", async () => {
-    const { controller, status, sleeps } = await setUp(renderTokenKubeconfig({ name: "x", server: "https://127.0.0.1:1", caFile: "/ca.crt", token: "abc" }));
+    const { controller, status, sleeps } = await setUp(renderTokenKubeconfig({ name: "x", server: "https://127.0.0.1:1", ca: { file: "/ca.crt" }, token: "abc" }));
     await controller.stop();
     expect(status.of("certificate")).toMatchObject({ ok: true, summary: expect.stringContaining("without a client certificate") });
     expect(sleeps).toEqual([]);

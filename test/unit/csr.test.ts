@@ -192,7 +192,7 @@ describe("kubeconfigs", () => {
     );
     expect(kubeconfigProblem(good, notAfter + 1000)).toBe(`its client certificate expired at ${new Date(notAfter).toISOString()}`);
     // A token kubeconfig is someone else's: taken as it is.
-    expect(kubeconfigProblem(renderTokenKubeconfig({ name: "x", server: "https://api:443", caFile: "/ca.crt", token: "t" }), Date.now())).toBeUndefined();
+    expect(kubeconfigProblem(renderTokenKubeconfig({ name: "x", server: "https://api:443", ca: { file: "/ca.crt" }, token: "t" }), Date.now())).toBeUndefined();
   });
 
   test("a damaged key is reported without quoting it", async () => {
@@ -202,7 +202,7 @@ describe("kubeconfigs", () => {
   });
 
   test("kubelet's bootstrap kubeconfig: gardener-node-agent's kubelet-bootstrap shape with the token and the CA by path", () => {
-    const text = renderTokenKubeconfig({ name: "kubelet-bootstrap", server: "https://api:443", caFile: "/var/lib/gardener-node-agent/cluster-ca.crt", token: "abcdef.0123456789abcdef" });
+    const text = renderTokenKubeconfig({ name: "kubelet-bootstrap", server: "https://api:443", ca: { file: "/var/lib/gardener-node-agent/cluster-ca.crt" }, token: "abcdef.0123456789abcdef" });
     const kc = new KubeConfig();
     kc.loadFromString(text);
     expect(kc.currentContext).toBe("kubelet-bootstrap");

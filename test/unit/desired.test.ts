@@ -79,7 +79,7 @@ const unitOf = (d: Desired, name: string): DesiredUnit => {
 const b64 = (s: string) => Buffer.from(s).toString("base64");
 
 describe("parsing osc.yaml", () => {
-  test("a valid Gardener OSC is read, with YAML 1.1 octal permissions and unknown fields passed through", () => {
+  test("a valid Gardener OSC is read, with YAML 1.1 octal permissions and the control plane's fields accepted", () => {
     const r = parseOsc(
       `${HEAD}metadata: {name: osc, namespace: kube-system}
 spec:
@@ -103,10 +103,15 @@ spec:
   - path: /etc/sysctl.d/99-k8s.conf
     content: {inline: {data: "net.ipv4.ip_forward = 1"}, transmitUnencoded: true}
   criConfig: {name: containerd, cgroupDriver: systemd}
-  futureField: {anything: [1, 2]}
+  class: shoot
+  providerConfig: {apiVersion: x/v1, kind: Y}
 status:
   extensionUnits: []
   extensionFiles: null
+  conditions: [{type: A, status: "True"}]
+  lastOperation: {type: Reconcile, state: Succeeded}
+  observedGeneration: 3
+  cloudConfig: {secretRef: {name: cc, namespace: shoot--a--b}}
 `,
       SOURCE,
     );
@@ -121,6 +126,22 @@ status:
     ]);
     expect(unitOf(d.value, "kubelet.service")).toMatchObject({ command: "restart", enable: true, filePaths: ["/var/lib/kubelet/config/kubelet"] });
     expect(unitOf(d.value, "containerd.service").content).toBeUndefined();
+  });
+
+  test.each([
+    ["spec", "spec:\n  futureField: {anything: [1, 2]}\n", "spec.futureField"],
+    ["a unit", "spec:\n  units: [{name: a.service, contents: x}]\n", "spec.units[0].contents"],
+    ["a drop-in", "spec:\n  units: [{name: a.service, dropIns: [{name: a.conf, content: x, mode: 1}]}]\n", "spec.units[0].dropIns[0].mode"],
+    ["a file", "spec:\n  files: [{path: /a, owner: root, content: {inline: {data: x}}}]\n", "spec.files[0].owner"],
+    ["inline content", "spec:\n  files: [{path: /a, content: {inline: {data: x, compression: gzip}}}]\n", "spec.files[0].content.inline.compression"],
+    ["a status unit", "status:\n  extensionUnits: [{name: a.service, restartPolicy: x}]\nspec: {}\n", "status.extensionUnits[0].restartPolicy"],
+    ["status", "spec: {}\nstatus:\n  nodeHints: {}\n", "status.nodeHints"],
+    ["the top level", "spec: {}\nextra: 1\n", "extra"],
+    ["criConfig", "spec:\n  criConfig: {name: containerd, snapshotter: overlayfs}\n", "spec.criConfig.snapshotter"],
+  ])("a field Gardener's OSC does not have, in %s, is refused naming it", (_where, body, field) => {
+    const r = parseOsc(`${HEAD}${body}`, SOURCE);
+    expect(r.ok).toBe(false);
+    if (!r.ok) expect(r.errors.join("\n")).toContain(`${SOURCE}: ${field}: unknown field: not in Gardener v1.150's OperatingSystemConfig`);
   });
 
   test("YAML that does not parse is one error naming the source", () => {

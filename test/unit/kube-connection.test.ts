@@ -28,10 +28,10 @@ describe("which credentials the agent uses (gardener-node-agent's precedence)", 
     expect(connectionFor(config(), {}, only(paths.bootstrapToken))).toEqual({
       kind: "token-file",
       server: "https://api:443",
-      caFile: paths.clusterCa,
+      ca: { file: paths.clusterCa },
       tokenFile: paths.bootstrapToken,
     });
-    expect(connectionFor(config("", "https://api:443", "/ca.crt"), {}, only(paths.bootstrapToken))).toMatchObject({ caFile: "/ca.crt" });
+    expect(connectionFor(config("", "https://api:443", "/ca.crt"), {}, only(paths.bootstrapToken))).toMatchObject({ ca: { file: "/ca.crt" } });
   });
   test("no credentials at all is an error naming both files", () => {
     expect(() => connectionFor(config(), {}, only())).toThrow(`neither the kubeconfig ${paths.kubeconfig} nor the bootstrap token ${paths.bootstrapToken}`);
@@ -86,7 +86,7 @@ test("a server that accepts but never answers cannot stall a caller: the request
   writeFileSync(`${dir}/token`, "abc");
   await runOk(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-days", "1", "-subj", "/CN=silent-test-ca"]);
   try {
-    const kube = kubeFromConnection({ kind: "token-file", server: `https://127.0.0.1:${port}`, caFile: `${dir}/ca.crt`, tokenFile: `${dir}/token` });
+    const kube = kubeFromConnection({ kind: "token-file", server: `https://127.0.0.1:${port}`, ca: { file: `${dir}/ca.crt` }, tokenFile: `${dir}/token` });
     const t0 = performance.now();
     const err = await apiClient(kube, CoreV1Api, 300).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
     expect(performance.now() - t0).toBeLessThan(5_000);

@@ -10,6 +10,8 @@
 #   NODE_KUBELET=1                    able to run kubelet and pods (needs NODE_NET=bridge): cgroup v1 hierarchies,
 #                                     /dev/kmsg, private kubelet sysctls, writable /proc/sys/net, CAP_MKNOD with
 #                                     host block devices denied (docs/testing.md, "A real kubelet in a node")
+#   NODE_LOOP="/dev/loop7"            loop devices the node may use (bound into its /dev; nothing else of the host's
+#                                     block devices is there): a disk for bootstrap.kubeletDataVolumeSize
 #   NODE_TIMEOUT=30                   seconds to wait for `systemctl is-system-running` = running
 # Prints the host PID of the node's systemd (PID 1 inside). State in /tmp/trellis-test/nodes/NAME.
 set -euo pipefail
@@ -19,6 +21,12 @@ NODE_NET=${NODE_NET:-private}
 NODE_TMPFS=${NODE_TMPFS:-}
 NODE_MASK=${NODE_MASK:-}
 NODE_KUBELET=${NODE_KUBELET:-}
+NODE_LOOP=${NODE_LOOP:-}
+for d in $NODE_LOOP; do
+  # Only loop devices: a test must never hand a node one of the host's real disks.
+  [[ $d =~ ^/dev/loop[0-9]+$ && -b $d ]] || { echo "NODE_LOOP: $d is not a loop device" >&2; exit 2; }
+done
+[[ -z $NODE_LOOP || -z $NODE_KUBELET ]] || { echo "NODE_LOOP: not with NODE_KUBELET (its devices cgroup denies block devices)" >&2; exit 2; }
 NODE_TIMEOUT=${NODE_TIMEOUT:-30}
 NODES=/tmp/trellis-test/nodes
 STATE=$NODES/$NAME
@@ -67,7 +75,7 @@ NETFLAG=--net; [[ $NODE_NET == host ]] && NETFLAG=
 cat > "$STATE/inner.sh" <<INNER
 #!/bin/bash
 set -euo pipefail
-NAME=$NAME; STATE=$STATE; B=$ROOTBASE; NODE_TMPFS="$NODE_TMPFS"; NODE_MASK="$NODE_MASK"
+NAME=$NAME; STATE=$STATE; B=$ROOTBASE; NODE_TMPFS="$NODE_TMPFS"; NODE_MASK="$NODE_MASK"; NODE_LOOP="$NODE_LOOP"
 NODE_KUBELET="$NODE_KUBELET"; V1="$V1"; DROPCAPS="$DROPCAPS"
 INNER
 cat >> "$STATE/inner.sh" <<'INNER'
@@ -118,6 +126,7 @@ ln -s pts/ptmx "$R/dev/ptmx"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
 ln -s /proc/self/fd "$R/dev/fd"; ln -s /proc/self/fd/0 "$R/dev/stdin"
 ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
+for d in $NODE_LOOP; do : > "$R$d"; mount --bind "$d" "$R$d"; done
 touch "$R/dev/console"; mount --bind "$STATE/console.log" "$R/dev/console"
 # kubelet's OOM watcher opens /dev/kmsg; a node has no kernel log of its own (kind links it the same way).
 [[ -z $NODE_KUBELET ]] || ln -s /dev/console "$R/dev/kmsg"
