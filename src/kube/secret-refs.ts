@@ -61,7 +61,7 @@ export function watchSecretRefs(opts: { kube: Kube; log: Logger; onChange: (name
     async read(name) {
       const entry = watched.get(name);
       if (!entry) watch(name);
-      // Until its watch has listed it (just started, or the API server unreachable since), a GET.
+      // Until its watch has listed it (just started, or its first list keeps failing: RBAC without list/watch), a GET.
       return decoded(name, entry?.seen.synced ? entry.seen.secret : await get(name));
     },
     async keepOnly(names) {
