@@ -12,12 +12,11 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } 
 import { tmpdir } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
+import { type Arch, commandFor, emulatorPackages, hostArch } from "./arch-exec.ts";
 import { writeLayout } from "./oci-layout.ts";
 import { trellisImageSpec } from "./trellis-image.ts";
 
-type Arch = "amd64" | "arm64";
 const bunArch: Record<Arch, "x64" | "arm64"> = { amd64: "x64", arm64: "arm64" };
-const hostArch: Arch = process.arch === "arm64" ? "arm64" : "amd64";
 const root = resolve(new URL("..", import.meta.url).pathname);
 
 const { values } = parseArgs({
@@ -88,18 +87,26 @@ function binaryPath(arch: Arch): string {
   return `${root}/dist/${arch === hostArch && arch === "amd64" ? "trellis" : `trellis-${bunArch[arch]}`}`;
 }
 
-// The labels say what the binary says about itself (version --json), so they cannot disagree with it
-// even with --no-build. A cross-only build cannot be run here: then git is asked as compile.ts does.
+// The labels say what the binaries say about themselves (version --json), so they cannot disagree with
+// them even with --no-build; every architecture's binary is asked (another one's through qemu), and
+// binaries that disagree (a stale dist/trellis-arm64 beside a fresh dist/trellis) are refused.
 function buildInfo(): { version: string; commit: string } {
-  if (arches.includes(hostArch)) {
-    const info = JSON.parse(run(binaries[hostArch], ["version", "--json"])) as { version: string; commit: string };
-    return { version: info.version, commit: info.commit };
+  const infos = arches.map((arch) => {
+    const [cmd, ...args] = commandFor(arch, binaries[arch]);
+    const r = spawnSync(cmd as string, [...args, "version", "--json"], { cwd: root, encoding: "utf8" });
+    if (r.error || r.status !== 0) {
+      const why = r.error ? r.error.message : `exited ${r.status ?? r.signal}: ${r.stderr.trim()}`;
+      fail(`running the ${arch} binary ${rel(binaries[arch])} (${commandFor(arch, binaries[arch]).join(" ")}): ${why}${arch === hostArch ? "" : ` (install ${emulatorPackages(arch)})`}`);
+    }
+    return { arch, ...(JSON.parse(r.stdout) as { version: string; commit: string }) };
+  });
+  const first = infos[0] as (typeof infos)[number];
+  for (const i of infos) {
+    if (i.version !== first.version || i.commit !== first.commit) {
+      fail(`the ${i.arch} binary is trellis ${i.version} (commit ${i.commit}) but the ${first.arch} one is trellis ${first.version} (commit ${first.commit}): build them from the same tree`);
+    }
   }
-  const git = (...args: string[]) => spawnSync("git", args, { cwd: root, encoding: "utf8" }).stdout?.trim() ?? "";
-  const head = git("rev-parse", "HEAD");
-  const dirty = head !== "" && git("status", "--porcelain", "--untracked-files=no") !== "";
-  const pkg = JSON.parse(readFileSync(`${root}/package.json`, "utf8")) as { version: string };
-  return { version: pkg.version, commit: head === "" ? "unknown" : `${head}${dirty ? "-dirty" : ""}` };
+  return { version: first.version, commit: first.commit };
 }
 
 function push(ref: string): string {

@@ -18,8 +18,9 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 # Gardener's OSC uses: logrotate (containerd-logrotate.service) and sudo (gardener-user.service writes
 # /etc/sudoers.d/99-gardener-user). A node's lower layer is this host's /, so these are its machine image.
 # libfaketime: the clock-jump chaos scenario moves the agent's wall clock only (LD_PRELOAD in its unit).
+# qemu-user-static and arm64's C library run dist/trellis-arm64 here (test/e2e/arm64.test.ts, build/image.ts).
 pkgs=(systemd dbus containerd skopeo docker-registry openssl iproute2 util-linux curl ca-certificates tar gzip zstd jq bc python3 linux-perf
-  runc containernetworking-plugins iptables busybox-static logrotate sudo libfaketime)
+  runc containernetworking-plugins iptables busybox-static logrotate sudo libfaketime qemu-user-static libc6-arm64-cross)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

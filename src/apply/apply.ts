@@ -1,8 +1,9 @@
 // Brings the node to a desired state: plan (or resume the interrupted plan for the same OSC), persist
 // the plan, execute it step by step through the host adapters, and record progress at checkpoints.
 //
-// - A failed write, removal or daemon-reload stops the apply before any unit is touched: units must
-//   not restart on half-written configuration. The steps run again on the next attempt.
+// - A failed write stops the apply before any unit is touched (the plan puts every write first); a
+//   failed removal or daemon-reload stops it before any unit the OSC keeps is touched: units must not
+//   restart on half-written configuration. The steps run again on the next attempt.
 // - A failed unit operation does not stop the others; it stays pending in the persisted plan and is
 //   retried by the next attempt (the caller backs off between attempts).
 // - The agent's own unit restarts last, after every other step was attempted, even if one failed.

@@ -10,23 +10,23 @@
 // src/controllers/rollout.ts) hold an update back on a paused node, outside the canary, outside the
 // maintenance windows or without a free disruption slot, and gate a disruptive change on the node's
 // health afterwards, rolling back if the Secret asks for it.
-import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
+import type { V1Node, V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
-import { type Desired, oscChecksum, parseOscBytes } from "../api/desired.ts";
+import { type Desired, oscChecksum, parseOscBytes, secretRefsOf } from "../api/desired.ts";
 import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
 import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
-import { desiredForNode, type SecretData } from "../apply/desired-for-node.ts";
+import { desiredForNode } from "../apply/desired-for-node.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import type { Systemd } from "../host/systemd.ts";
-import { apiClient, type Kube } from "../kube/client.ts";
-import { explainKubeError } from "../kube/errors.ts";
+import type { Kube } from "../kube/client.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
+import { watchSecretRefs } from "../kube/secret-refs.ts";
 import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
@@ -105,7 +105,6 @@ const gateLookMs = 1_000;
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
   const now = deps.now ?? Date.now;
-  const core = apiClient(deps.kube, CoreV1Api);
   let secret: V1Secret | undefined;
   // What this agent noted about the OSC it sees now: when it first saw it (for the delay) and which
   // problems it reported already. Replaced when the OSC changes, so nothing piles up over months.
@@ -195,6 +194,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const st = secretWatch.stats();
     return [{ labels: { watch: "osc-secret" }, value: st.restarts + st.gone + st.errors }];
   }, "counter");
+  // The Secrets its secretRef files name: read from their watches, and a change to one is applied at once.
+  const secretRefs = watchSecretRefs({ kube: deps.kube, log, onChange: (name) => trigger(`secret ${name} (secretRef) changed`) });
+  const readSecret = (name: string) => secretRefs.read(name);
   const synced = secretWatch.synced.then(() => {
     status.synced = true;
   });
@@ -255,6 +257,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       signal: stopping.signal,
       provenance: layered.value.provenance,
     });
+    await secretRefs.keepOnly(secretRefsOf(layered.value.osc, deps.hostName));
     if (!resolved.ok) {
       const wait = await invalid(checksum, resolved.errors);
       return resolved.retry ? retryWait("an image could not be fetched") : wait;
@@ -460,24 +463,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return layerOsc(osc, overlays.value, deps.node.current()?.metadata?.labels ?? {}, source);
   }
 
-  async function readSecret(name: string): Promise<SecretData | undefined> {
-    let s: V1Secret;
-    try {
-      s = await core.readNamespacedSecret({ name, namespace: "kube-system" });
-    } catch (err) {
-      const e = explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Secret kube-system/${name}` });
-      if (e.reason !== "not-found") throw e;
-      return undefined;
-    }
-    const data: Record<string, Uint8Array> = {};
-    for (const [key, encoded] of Object.entries(s.data ?? {})) {
-      const bytes = decodeBase64(encoded);
-      if (!bytes) throw new Error(`Secret kube-system/${name}: data["${key}"] is not valid base64`);
-      data[key] = bytes;
-    }
-    return data;
-  }
-
   // Extracted files the applied OSC no longer uses would fill the disk over many updates.
   async function pruneImages(desired: Desired): Promise<void> {
     const keep = new Set(desired.files.flatMap((f) => (f.content instanceof Uint8Array ? [] : [f.sha256])));
@@ -578,6 +563,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       if (timer) clearTimeout(timer);
       unsubscribe();
       await secretWatch.stop();
+      await secretRefs.stop();
       await running;
     },
   };

@@ -7,7 +7,8 @@
 //   enablement changed, or a file in its filePaths was written or removed. `command: stop` or
 //   `enable: false` stops it instead.
 // - What leaves the OSC leaves the node, but only what trellis wrote (Owned): its units are stopped
-//   and disabled first; drop-ins and files other tools put there are never touched.
+//   and disabled before their files are removed, after every write; drop-ins and files other tools
+//   put there are never touched.
 // - One daemon-reload per plan; the agent's own unit restarts last.
 import type { Desired, DesiredUnit } from "../api/desired.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
@@ -152,9 +153,15 @@ export function makePlan(input: PlanInput): Plan {
     : [];
   const self = restarts.filter((s) => s.kind === "restart" && s.unit === input.selfUnit);
   const others = restarts.filter((s) => !self.includes(s));
+  // Every write comes before any unit is touched, those leaving the OSC included: a write that fails
+  // (disk full) must leave a renamed unit's predecessor running. Units leaving the OSC are stopped and
+  // disabled before their files go (disabling reads the unit file's [Install]).
+  const pathSteps = [...fileSteps, ...unitFileSteps];
+  const writes = pathSteps.filter((s) => s.kind === "write");
+  const removals = pathSteps.filter((s) => s.kind === "remove");
   return {
     checksum: input.checksum,
-    steps: [...removeUnits, ...fileSteps, ...unitFileSteps, ...reload, ...enableSteps, ...stops, ...others, ...self],
+    steps: [...writes, ...removeUnits, ...removals, ...reload, ...enableSteps, ...stops, ...others, ...self],
   };
 }
 

@@ -162,6 +162,38 @@ describe("trellis apply inside a node", () => {
     expect(JSON.parse(await node.readFile(statePath)).progress).toBeUndefined();
   });
 
+  test("a renamed unit whose new file cannot be written (disk full) leaves the old unit running; the retry converges", async () => {
+    const full = "/etc/renamed";
+    const osc = (name: string, conf?: string) => ({
+      apiVersion: "extensions.gardener.cloud/v1alpha1",
+      kind: "OperatingSystemConfig",
+      spec: {
+        units: [{ name, command: "start", content: "[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n", filePaths: conf ? [`${full}/conf`] : [] }],
+        files: conf ? [{ path: `${full}/conf`, permissions: 0o644, content: { inline: { encoding: "", data: conf } } }] : [],
+      },
+    });
+    expect((await apply(osc("old-name.service") as unknown as Osc)).code).toBe(0);
+    const pid = await mainPid("old-name.service");
+    await node.execOk(["sh", "-c", `mkdir -p ${full} && mount -t tmpfs -o size=16k,mode=0755 renamed ${full} && (dd if=/dev/zero of=${full}/filler bs=4096 2>/dev/null; true)`]);
+    try {
+      const r = await apply(osc("new-name.service", "x".repeat(8192)) as unknown as Osc);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain(`${full}/conf`);
+      expect(r.stderr).toContain("ENOSPC");
+      expect(await active("old-name.service")).toBe("active");
+      expect(await mainPid("old-name.service")).toBe(pid);
+      expect((await node.execOk(["systemctl", "is-enabled", "old-name.service"])).trim()).toBe("enabled");
+      expect((await node.exec(["test", "-e", "/etc/systemd/system/new-name.service"])).code).toBe(1);
+      await node.execOk(["rm", `${full}/filler`]);
+      expect((await apply(osc("new-name.service", "x".repeat(8192)) as unknown as Osc)).code).toBe(0);
+      expect(await active("new-name.service")).toBe("active");
+      expect(await active("old-name.service")).toBe("inactive");
+      expect((await node.exec(["test", "-e", "/etc/systemd/system/old-name.service"])).code).toBe(1);
+    } finally {
+      await node.exec(["umount", full]);
+    }
+  });
+
   test("the agent's own unit restarts last, after the others were attempted, even when one failed", async () => {
     const unit = (name: string, service: string) => ({ name, command: "start", content: `[Service]\n${service}\n[Install]\nWantedBy=multi-user.target\n`, filePaths: ["/etc/selftest/conf"] });
     const osc = (version: number) => ({

@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { sha256 } from "../../build/oci-layout.ts";
-import { repoRoot, trellisBinary } from "../harness/binary.ts";
+import { repoRoot, trellisArm64Binary, trellisBinary } from "../harness/binary.ts";
 import { runDir, runOk, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { writeLayout } from "../harness/oci.ts";
@@ -311,8 +311,7 @@ describe("install.sh", () => {
 describe("build/image.ts", () => {
   test("a valid, reproducible OCI layout of the real binary; pushed to a registry, pulled back, installed by install.sh, and it runs", async () => {
     const bin = await trellisBinary();
-    const arm = `${repoRoot}/dist/trellis-arm64`;
-    if (!existsSync(arm)) await runOk(["bun", "run", "build", "--", "--arch", "arm64"], { cwd: repoRoot, timeoutMs: 300_000 });
+    const arm = await trellisArm64Binary();
     const dir = runDir("install-image");
     const ref = `${registry.host}/trellis/agent:release`;
     const image = (out: string, ...flags: string[]) =>

@@ -445,10 +445,10 @@ describe("units removed from the OSC", () => {
     expect(stepFor(p, `remove ${U("valitail.service")}`)).toMatchObject({ target: { type: "unit", unit: "valitail.service" } });
   });
 
-  test("stop and disable of removed units come before every other step", () => {
+  test("stop and disable of removed units come after every write and before every removal (a failed write leaves them running)", () => {
     const p = change(node(), node({ valitail: null, kubelet: unit("kubelet.service", { content: "k2", filePaths: [kubeletConf.path] }) }, [file(kubeletConf.path, "v2")]));
-    expect(shown(p).slice(0, 2)).toEqual(["stop valitail.service", "disable valitail.service"]);
-    expect(indexOf(p, `remove ${U("valitail.service")}`)).toBeGreaterThan(indexOf(p, `write ${kubeletConf.path}`));
+    expect(shown(p).slice(0, 4)).toEqual([`write ${kubeletConf.path}`, `write ${U("kubelet.service")}`, "stop valitail.service", "disable valitail.service"]);
+    expect(indexOf(p, `remove ${U("valitail.service")}`)).toBeGreaterThan(indexOf(p, "disable valitail.service"));
     expect(indexOf(p, "daemon-reload")).toBeGreaterThan(indexOf(p, `remove ${U("valitail.service")}`));
   });
 
@@ -524,7 +524,7 @@ describe("a path that changes role between two OSCs", () => {
   ])("a unit file that becomes a plain file with %s is kept, not removed after being written", (_, content, writes) => {
     const before = desired([unit("a.service", { content: "[Service]\nExecStart=/x\n" })]);
     const p = change(before, desired([], [file(U("a.service"), content)]));
-    expect(shown(p)).toEqual(["stop a.service", "disable a.service", ...writes]);
+    expect(shown(p)).toEqual([...writes, "stop a.service", "disable a.service"]);
   });
 
   test("a drop-in that becomes a plain file is kept, not removed after being written", () => {
@@ -791,9 +791,10 @@ function checkPlan(p: Plan, d: Desired, sim: Sim, where: string): void {
   p.steps.forEach((s, i) => {
     const unitStep = s.kind === "enable" || s.kind === "restart" || ((s.kind === "disable" || s.kind === "stop") && desiredNames.has(s.unit));
     if (unitStep && (i < lastFs || i < reload)) throw new Error(ctx(`${show(s)} before the files are in place`));
-    if ((s.kind === "stop" || s.kind === "disable") && !desiredNames.has(s.unit) && kinds.slice(0, i).some((k) => k === "write" || k === "remove")) {
-      throw new Error(ctx(`${show(s)} of a removed unit after a file step`));
+    if ((s.kind === "stop" || s.kind === "disable") && !desiredNames.has(s.unit) && kinds.slice(0, i).some((k) => k === "remove")) {
+      throw new Error(ctx(`${show(s)} of a removed unit after a removal`));
     }
+    if (s.kind === "write" && kinds.slice(0, i).some((k) => k !== "write")) throw new Error(ctx(`${show(s)} after a step that is not a write`));
   });
   if (desiredNames.has(SELF) && p.steps.some((s) => (s.kind === "stop" || s.kind === "disable") && s.unit === SELF)) throw new Error(ctx("the agent stops or disables itself"));
   const restarts = p.steps.filter((s) => s.kind === "restart").map((s) => (s as { unit: string }).unit);
