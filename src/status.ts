@@ -10,6 +10,7 @@ import type { ComponentStatus, StatusBoard } from "./controllers/types.ts";
 import type { Files } from "./host/files.ts";
 import { describeError, type Logger } from "./log.ts";
 import type { Readiness } from "./server.ts";
+import { monotonicMs } from "./time.ts";
 
 export type PersistentStatusBoard = StatusBoard & {
   /** Stops the periodic writes and writes the last snapshot, marked as stopped. */
@@ -51,7 +52,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
   });
 
   const write = async (file: StatusFile) => {
-    lastWrite = now();
+    lastWrite = monotonicMs();
     try {
       await opts.files.writeAtomic(statusPath, `${JSON.stringify(file, null, 2)}\n`, 0o644);
       if (failing) log.info("writing the status file works again", { path: statusPath });
@@ -76,7 +77,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
           if (dirty) schedule();
         });
       },
-      Math.max(0, lastWrite + minIntervalMs - now()),
+      Math.max(0, lastWrite + minIntervalMs - monotonicMs()),
     );
   };
   const heartbeat = setInterval(schedule, heartbeatMs);

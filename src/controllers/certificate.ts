@@ -52,6 +52,7 @@ const maxSleepMs = 3_600_000;
 
 export function startCertificateController(deps: CertificateControllerDeps): Controller {
   const log = deps.log.with({ controller: "certificate" });
+  // The wall clock: a certificate's validity, and the renewal time taken from it, are wall-clock facts.
   const now = deps.now ?? Date.now;
   const random = deps.random ?? Math.random;
   const sleep = deps.sleep ?? abortableSleep;

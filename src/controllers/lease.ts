@@ -12,6 +12,7 @@ import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
 import { microTime } from "../kube/serial-gate.ts";
 import { abortableSleep } from "../kube/watch.ts";
+import { monotonicMs } from "../time.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
@@ -30,7 +31,7 @@ export type LeaseControllerDeps = {
   intervalMs?: number;
   /** The Lease's leaseDurationSeconds: how long a renewal counts. */
   durationSeconds?: number;
-  /** Wall clock (ms since the epoch) for renewTime and the status. */
+  /** Wall clock (ms since the epoch) for renewTime, which other nodes' clocks read, and the status. */
   now?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
 };
@@ -58,6 +59,8 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   /** The Lease as this controller last read or wrote it: the next update starts from it. */
   let known: V1Lease | undefined;
   let lastRenew: number | undefined;
+  /** When the last renewal succeeded, on the monotonic clock: its age says whether the Lease is still fresh. */
+  let lastRenewMono: number | undefined;
   let failures = 0; // in a row
   let nodeGone = false;
 
@@ -130,6 +133,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       if (lastRenew === undefined) log.info("renewing the Lease", { lease: `${leaseNamespace}/${leaseName(node.metadata?.name as string)}`, intervalMs, durationSeconds });
       else if (failures > 0) log.info("renewed the Lease again", { failuresBefore: failures });
       lastRenew = at;
+      lastRenewMono = monotonicMs();
       failures = 0;
       lastRenewed.set(at / 1000);
       report(true, `renewed at ${new Date(at).toISOString()}, every ${intervalMs / 1000} s (lease ${durationSeconds} s)`);
@@ -139,7 +143,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       renewFailures.inc();
       const error = describeError(err);
       log.warn("could not renew the Lease; trying again at the next interval", { error, failuresInARow: failures });
-      const age = lastRenew === undefined ? undefined : (now() - lastRenew) / 1000;
+      const age = lastRenewMono === undefined ? undefined : (monotonicMs() - lastRenewMono) / 1000;
       const fresh = age !== undefined && age <= durationSeconds;
       report(fresh, `${age === undefined ? "never renewed" : `last renewed ${Math.round(age)} s ago`}; ${failures} failure(s) in a row: ${error}`, { error });
     }
@@ -150,10 +154,10 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     const stopped = new Promise<undefined>((resolve) => stopper.signal.addEventListener("abort", () => resolve(undefined), { once: true }));
     if (!(await Promise.race([deps.node.found, stopped]))) return;
     while (!stopper.signal.aborted) {
-      const started = performance.now();
+      const started = monotonicMs();
       await tick();
       // A steady cadence: the time a renewal took counts towards the interval.
-      await sleep(Math.max(0, intervalMs - (performance.now() - started)), stopper.signal);
+      await sleep(Math.max(0, intervalMs - (monotonicMs() - started)), stopper.signal);
     }
   }
 

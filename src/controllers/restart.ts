@@ -105,7 +105,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
           retry = setTimeout(() => {
             retry = undefined;
             trigger();
-          }, Math.max(1000, admitted.retryAtMs - Date.now()));
+          }, Math.max(1000, admitted.retryAfterMs));
           return;
         }
       }

@@ -17,7 +17,7 @@ const ok = <T>(r: { ok: true; value: T } | { ok: false; errors: string[] }): T =
 
 describe("rollout settings on the Secret", () => {
   test("none: nothing changes (no budget, no windows, no canary)", () => {
-    expect(ok(settings({ "other/annotation": "x" }))).toEqual({ disruptiveUnits: ["*"], settleMs: 60_000, healthTimeoutMs: 300_000, probeTimeoutMs: 10_000, rollback: false });
+    expect(ok(settings({ "other/annotation": "x" }))).toEqual({ disruptiveUnits: ["*"], settleMs: 60_000, healthTimeoutMs: 300_000, probeTimeoutMs: 10_000, rollback: false, serialHoldLimitMs: 600_000 });
   });
 
   test("all of them", () => {

@@ -22,6 +22,7 @@ import { HostsConfigError, loadEndpoints } from "./hosts.ts";
 import { scanLayer, searchLayers, type FileSink, type LayerVerdict } from "./layers.ts";
 import { isImageConfig, parseManifest, pickPlatform, type Descriptor, type Manifest } from "./manifest.ts";
 import { InvalidReferenceError, parseImageReference, type ImageReference } from "./reference.ts";
+import { monotonicMs } from "../../time.ts";
 
 export { ImageError } from "./errors.ts";
 
@@ -385,7 +386,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   }
 
   async function extract(req: ImageFileRequest, { signal, hostsToml, inUse }: ExtractOptions = {}): Promise<ExtractedFile> {
-    const started = Date.now();
+    const started = monotonicMs();
     const fail = (reason: string, cause?: unknown) => new ImageError(req.image, req.filePathInImage, reason, { cause });
     let path: string;
     let ref: ImageReference;
@@ -474,7 +475,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
         manifestDigest,
         sha256: found.sha256,
         size: found.size,
-        ms: Date.now() - started,
+        ms: Math.round(monotonicMs() - started),
       });
       return result(located, true);
     } catch (err) {
