@@ -14,7 +14,7 @@ import type { Files } from "../host/files.ts";
 import { type Kube, kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, nodeAgentUserPrefix, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
 import { type ClientCertificate, readClientCertificate, renderKubeconfig } from "../kube/csr-kubeconfig.ts";
-import { abortableSleep, backoffDelay } from "../kube/watch.ts";
+import { abortableSleep, backoffDelay } from "../time.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, StatusBoard } from "./types.ts";

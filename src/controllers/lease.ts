@@ -10,9 +10,8 @@
 import { ApiException, type ConfigurationOptions, CoordinationV1Api, Observable, type V1Lease, type V1Node, type V1OwnerReference } from "@kubernetes/client-node";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
-import { microTime } from "../kube/serial-gate.ts";
-import { abortableSleep } from "../kube/watch.ts";
-import { monotonicMs } from "../time.ts";
+import { microTime } from "../kube/micro-time.ts";
+import { abortableSleep, monotonicMs } from "../time.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";

@@ -33,7 +33,7 @@ import { createSerialGate, isSerialRollout, type SerialGate } from "../kube/seri
 import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
 import { delayLeft, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
-import { monotonicMs } from "../time.ts";
+import { backoffDelay, monotonicMs } from "../time.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
@@ -187,7 +187,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const periodic = (): Wait => ({ atMs: now() + deps.syncPeriodMs, why: "periodic re-check" });
   const retryWait = (why: string): Wait => {
     failures++;
-    const ms = Math.min(1000 * 2 ** Math.min(failures - 1, 8), 5 * 60_000);
+    // 1 s doubling per failure in a row, up to 256 s; not jittered: one node's retries concern no other.
+    const ms = backoffDelay(failures, { initialMs: 1000, maxMs: 256_000 }, 1);
     return { atMs: now() + ms, why: `retry after ${why}` };
   };
 

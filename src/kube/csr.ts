@@ -21,8 +21,7 @@ import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { certificateRequest, type Subject } from "./csr-pem.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
-import { abortableSleep } from "./watch.ts";
-import { monotonicMs } from "../time.ts";
+import { abortableSleep, monotonicMs } from "../time.ts";
 
 export const nodeAgentsGroup = "gardener.cloud:node-agents";
 export const nodeAgentUserPrefix = "gardener.cloud:node-agent:machine:";

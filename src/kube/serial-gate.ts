@@ -7,10 +7,11 @@
 // the answer is to read again and decide again. Expiry is judged from the holder's renewTime on this
 // node's clock, as gardener-node-agent does: clocks skewed by more than the lease duration would break
 // the exclusion, which NTP-synchronised nodes and a 600 s lease make a non-issue.
-import { CoordinationV1Api, type V1Lease, V1MicroTime, type V1OwnerReference } from "@kubernetes/client-node";
+import { CoordinationV1Api, type V1Lease, type V1OwnerReference } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
+import { keepMicroTime, microTime, timeOf } from "./micro-time.ts";
 
 export const serialAnnotation = "reconciliation.osc.node-agent.gardener.cloud/serial";
 
@@ -211,25 +212,4 @@ function expiresAt(lease: V1Lease): number {
   const renewed = timeOf(lease.spec?.renewTime);
   const seconds = lease.spec?.leaseDurationSeconds ?? 0;
   return renewed === undefined || seconds < 0 ? Number.NEGATIVE_INFINITY : renewed + seconds * 1000;
-}
-
-// client-node 2.0.1 types MicroTime fields as V1MicroTime (a Date) but does not know the type when
-// decoding, so what it reads is the server's string. Writing needs V1MicroTime: a plain Date goes out
-// with 3 fractional digits, and kube-apiserver answers 400 to anything but exactly 6 ("cannot parse
-// ".123Z" as ".000000"", v1.35).
-function timeOf(t: Date | string | undefined): number | undefined {
-  if (t === undefined) return undefined;
-  const ms = t instanceof Date ? t.getTime() : Date.parse(t);
-  return Number.isFinite(ms) ? ms : undefined;
-}
-
-/** MicroTime's wire form, RFC 3339 with 6 fractional digits (JavaScript's clock has milliseconds: the last 3 are 0). */
-export function microTime(d: Date): V1MicroTime {
-  return new V1MicroTime(d.getTime());
-}
-
-/** A time read from the server goes back as it came (the server's string keeps its microseconds). */
-function keepMicroTime(t: Date | string | undefined): V1MicroTime | undefined {
-  if (t === undefined || typeof t === "string" || t instanceof V1MicroTime) return t as V1MicroTime | undefined;
-  return microTime(t);
 }
