@@ -5,7 +5,7 @@ import { parseRolloutSettings, rolloutKeys, slotCount } from "../../src/api/roll
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
 import { disruptedUnits } from "../../src/plan/disruption.ts";
-import type { Plan } from "../../src/plan/types.ts";
+import type { Plan } from "../../src/api/plan.ts";
 import { prng } from "../harness/prng.ts";
 
 const src = "Secret kube-system/pool";
