@@ -17,7 +17,7 @@ import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "./every.ts";
+import { every } from "../loops.ts";
 import { monotonicMs } from "../time.ts";
 
 export const defaultKubeletHealthz = "http://127.0.0.1:10248/healthz";

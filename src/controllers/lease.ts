@@ -11,7 +11,8 @@ import { ApiException, type ConfigurationOptions, CoordinationV1Api, Observable,
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
 import { microTime } from "../kube/micro-time.ts";
-import { abortableSleep, monotonicMs } from "../time.ts";
+import { monotonicMs } from "../time.ts";
+import { every, type Loop } from "../loops.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
@@ -32,7 +33,6 @@ export type LeaseControllerDeps = {
   durationSeconds?: number;
   /** Wall clock (ms since the epoch) for renewTime, which other nodes' clocks read, and the status. */
   now?: () => number;
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
 };
 
 // Each 409/404 means the Lease changed under this controller; a few in a row within one tick mean
@@ -45,7 +45,6 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   if (!(intervalMs > 0)) throw new Error(`lease controller: intervalMs must be positive, not ${intervalMs}`);
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`lease controller: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const now = deps.now ?? Date.now;
-  const sleep = deps.sleep ?? abortableSleep;
   const log = deps.log.with({ controller: "lease" });
   const coordination = apiClient(deps.kube, CoordinationV1Api);
   const renewFailures = deps.metrics.counter("trellis_lease_renew_failures_total", "Renewals of the agent's Lease that failed (the next interval tries again).");
@@ -148,16 +147,13 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     }
   }
 
+  let loop: Loop | undefined;
   async function run(): Promise<void> {
     report(false, "waiting for the Node to be registered");
     const stopped = new Promise<undefined>((resolve) => stopper.signal.addEventListener("abort", () => resolve(undefined), { once: true }));
     if (!(await Promise.race([deps.node.found, stopped]))) return;
-    while (!stopper.signal.aborted) {
-      const started = monotonicMs();
-      await tick();
-      // A steady cadence: the time a renewal took counts towards the interval.
-      await sleep(Math.max(0, intervalMs - (monotonicMs() - started)), stopper.signal);
-    }
+    // A steady cadence: the time a renewal took counts towards the interval.
+    loop = every(intervalMs, tick, { steady: true });
   }
 
   const running = run();
@@ -165,6 +161,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     async stop() {
       stopper.abort();
       await running;
+      await loop?.stop();
     },
   };
 }

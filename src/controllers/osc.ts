@@ -1,7 +1,7 @@
 // The OperatingSystemConfig controller: watches the OSC Secret (by name only) and the agent's Node,
 // and reconciles the node to the OSC — on every change, every syncPeriod (drift repair), and on retry
-// after a failure. Level-triggered and single-flight: each reconcile reads the latest Secret, never
-// the event that woke it, and a trigger during a reconcile runs one more afterwards.
+// after a failure. Level-triggered and single-flight (src/loops.ts): each reconcile reads the latest
+// Secret, never the event that woke it, and a trigger during a reconcile runs one more afterwards.
 //
 // Rollout controls from the control plane: the Node annotation reconciliation-delay holds an updated
 // OSC back for that long after it was first seen, and a Secret annotated serial applies one node at a
@@ -34,6 +34,7 @@ import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
 import { delayLeft, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
 import { backoffDelay, monotonicMs } from "../time.ts";
+import { singleFlight } from "../loops.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
@@ -136,37 +137,24 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let leftoverLeaseChecked = false;
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
-  // Single flight: `pending` asks for one more run after the current one.
-  let running: Promise<void> | undefined;
-  let pending = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const trigger = (why: string) => {
-    if (stopped) return;
-    if (running) {
-      pending = true;
-      return;
-    }
-    running = (async () => {
-      do {
-        pending = false;
-        const started = now();
-        const wait = await reconcile(why).catch(async (err: unknown) => {
-          const error = describeError(err);
-          status.lastResult = "failed";
-          status.lastError = error;
-          log.error("reconcile failed", { error });
-          const current = deps.node.current();
-          if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
-          return retryWait("reconcile error");
-        });
-        duration.observe((now() - started) / 1000);
-        reconciles.inc({ result: status.lastResult ?? "error" });
-        report();
-        schedule(wait);
-      } while (pending && !stopped);
-      running = undefined;
-    })();
-  };
+  const passes = singleFlight(async (why) => {
+    const started = now();
+    const wait = await reconcile(why).catch(async (err: unknown) => {
+      const error = describeError(err);
+      status.lastResult = "failed";
+      status.lastError = error;
+      log.error("reconcile failed", { error });
+      const current = deps.node.current();
+      if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
+      return retryWait("reconcile error");
+    });
+    duration.observe((now() - started) / 1000);
+    reconciles.inc({ result: status.lastResult ?? "error" });
+    report();
+    schedule(wait);
+  });
+  const trigger = passes.trigger;
   const schedule = (wait: Wait) => {
     if (timer) clearTimeout(timer);
     if (stopped) return;
@@ -643,11 +631,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
     synced,
     stop: async () => {
       stopped = true;
+      const finished = passes.stop();
       stopping.abort(new Error("the agent is stopping"));
       if (timer) clearTimeout(timer);
       unsubscribe();
       await secretWatch.stop();
-      await running;
+      await finished;
     },
   };
 }

@@ -17,7 +17,7 @@ import type { Kube } from "../kube/client.ts";
 import { metaTime, type NodeCondition, patchNodeConditionIfChanged } from "../kube/node.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "./every.ts";
+import { every } from "../loops.ts";
 
 export const unitsConditionType = "SystemdUnitsReady";
 const allHealthyMessage = "All systemd units from the operating system config are running as expected.";

@@ -8,6 +8,7 @@ import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 import { metaTime } from "./node.ts";
+import { serializer } from "../loops.ts";
 
 export type NodeEvent = {
   node: { name: string; uid: string };
@@ -45,7 +46,7 @@ export function createEventRecorder(opts: {
   const core = apiClient(kube, CoreV1Api);
   const recent = new Map<string, { name: string; count: number; last: number }>();
   // One at a time: two identical events recorded at once must not both find nothing and both create.
-  let queue: Promise<unknown> = Promise.resolve();
+  const recording = serializer();
 
   async function record(e: NodeEvent): Promise<KubeError | undefined> {
     const message = truncate(e.message, maxMessage);
@@ -107,11 +108,7 @@ export function createEventRecorder(opts: {
   }
 
   return {
-    record(event) {
-      const result = queue.then(() => record(event));
-      queue = result;
-      return result;
-    },
+    record: (event) => recording.run(() => record(event)),
   };
 }
 

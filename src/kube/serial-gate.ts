@@ -12,6 +12,7 @@ import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
 import { keepMicroTime, microTime, timeOf } from "./micro-time.ts";
+import { serializer } from "../loops.ts";
 
 export const serialAnnotation = "reconciliation.osc.node-agent.gardener.cloud/serial";
 
@@ -190,17 +191,11 @@ export function createSerialGate(opts: {
   }
 
   // One operation at a time: they share `known`, and a renew racing a release would undo it.
-  let queue: Promise<unknown> = Promise.resolve();
-  function serialised<T>(op: () => Promise<T>): Promise<T> {
-    const result = queue.then(op);
-    queue = result.catch(() => undefined);
-    return result;
-  }
-
+  const ops = serializer();
   return {
-    acquire: () => serialised(acquire),
-    renew: () => serialised(renew),
-    release: () => serialised(release),
+    acquire: () => ops.run(acquire),
+    renew: () => ops.run(renew),
+    release: () => ops.run(release),
   };
 }
 

@@ -23,6 +23,7 @@ import { scanLayer, searchLayers, type FileSink, type LayerVerdict } from "./lay
 import { isImageConfig, parseManifest, pickPlatform, type Descriptor, type Manifest } from "./manifest.ts";
 import { InvalidReferenceError, parseImageReference, type ImageReference } from "./reference.ts";
 import { monotonicMs } from "../../time.ts";
+import { serializer } from "../../loops.ts";
 
 export { ImageError } from "./errors.ts";
 
@@ -249,12 +250,8 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
 
   // Index updates are read-modify-write: one at a time in this process. The index is re-read each time,
   // so another trellis process on the node (`trellis plan` next to the agent) loses at most its own update.
-  let queue: Promise<unknown> = Promise.resolve();
-  const serialised = <T>(fn: () => Promise<T>): Promise<T> => {
-    const run = queue.then(fn, fn);
-    queue = run.catch(() => undefined);
-    return run;
-  };
+  const indexUpdates = serializer();
+  const serialised = <T>(fn: () => Promise<T>): Promise<T> => indexUpdates.run(fn);
 
   let ready: Promise<void> | undefined;
   const init = () => {
