@@ -47,7 +47,26 @@ export function delayLeft(delayMs: number, elapsedMs: number): number {
   return Math.max(0, delayMs - elapsedMs);
 }
 
-/** A failing apply's hold on the serial lease, measured on the monotonic clock. */
+export type Hold = { ms: number; why: string; message: string };
+
+/**
+ * Whether the OSC waits before anything is asked of the cluster (a disruption slot, the serial lease):
+ * for the rest of the reconciliation delay, or while this node lets the others go first after giving the
+ * serial lease up. Undefined: go on.
+ */
+export function firstHold(gates: Gates, o: { delayLeftMs: number; coolOffLeftMs: number }): Hold | undefined {
+  if (gates.delay && o.delayLeftMs > 0) return { ms: o.delayLeftMs, why: "reconciliation delay over", message: "holding the updated OSC back (reconciliation delay)" };
+  if (gates.serial && o.coolOffLeftMs > 0) {
+    return { ms: o.coolOffLeftMs, why: "serial lease cool-off over", message: "gave up the serial lease for this OSC: letting the waiting nodes go first" };
+  }
+  return undefined;
+}
+
+/**
+ * A failing apply's hold on the serial lease, measured on the monotonic clock. An agent that restarts
+ * starts a new hold (its monotonic clock starts over); a holder that stops renewing loses the lease when
+ * it expires anyway.
+ */
 export type SerialHold = { checksum: string; sinceMs: number; failures: number; lastError: string };
 
 /**

@@ -32,7 +32,7 @@ import { patchNodeConditionIfChanged, patchNodeMetadata } from "../kube/node.ts"
 import { createSerialGate, isSerialRollout, type SerialGate } from "../kube/serial-gate.ts";
 import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
-import { delayLeft, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
 import { backoffDelay, monotonicMs } from "../time.ts";
 import { singleFlight } from "../loops.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
@@ -288,12 +288,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const current = deps.node.current();
     const identity = current?.metadata?.name ?? deps.hostName;
     const gates = gatesFor({ checksum, stateApplied: state.lastApplied?.checksum, nodeApplied: nodeAppliedChecksum(current), serial: isSerialRollout(secret) });
-    if (gates.delay) {
-      const hold = delayRemaining(current, checksum);
-      if (hold > 0) {
-        log.info("holding the updated OSC back (reconciliation delay)", { checksum, remainingMs: hold });
-        return { atMs: now() + hold, why: "reconciliation delay over" };
-      }
+    const hold = firstHold(gates, {
+      delayLeftMs: gates.delay ? delayRemaining(current, checksum) : 0,
+      coolOffLeftMs: serialCoolOffLeft(serialGaveUp, checksum, now(), settings.serialHoldLimitMs),
+    });
+    if (hold) {
+      log.info(hold.message, { checksum, remainingMs: Math.round(hold.ms) });
+      return { atMs: now() + hold.ms, why: hold.why };
     }
     // Paused, outside the canary, outside every window or without a free slot: wait. A disruptive
     // change is recorded for its health gate before it is applied (it may restart this agent).
@@ -319,11 +320,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     }
     const gate = gates.serial ? serialGate(identity) : undefined;
     if (gate) {
-      const coolOff = serialCoolOffLeft(serialGaveUp, checksum, now(), settings.serialHoldLimitMs);
-      if (coolOff > 0) {
-        status.lastResult = "failed";
-        return { atMs: now() + coolOff, why: "the serial lease was given up: letting the waiting nodes go first" };
-      }
       const decision = await gate.acquire();
       if (!decision.held) {
         log.info("another node is applying this OSC (serial rollout)", { holder: decision.holder, retryAfterMs: decision.retryAfterMs });

@@ -1,7 +1,7 @@
 // The OSC controller's gating decisions (src/controllers/osc-gates.ts) and the clock the reconciliation
 // delay is measured by across restarts and reboots (src/host/boot-clock.ts).
 import { describe, expect, test } from "bun:test";
-import { delayLeft, gatesFor, giveUpSerialLease, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
 import { elapsedBetween } from "../../src/host/boot-clock.ts";
 
 describe("gatesFor: which gates an OSC passes on this node", () => {
@@ -58,5 +58,21 @@ describe("the serial lease's hold limit", () => {
     expect(serialCoolOffLeft(gaveUp, "c", 70_000, 60_000)).toBe(0);
     expect(serialCoolOffLeft(gaveUp, "other", 15_000, 60_000)).toBe(0);
     expect(serialCoolOffLeft(undefined, "c", 15_000, 60_000)).toBe(0);
+  });
+});
+
+describe("firstHold: what an OSC waits for before asking the cluster for anything", () => {
+  const update = gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: true });
+  const fresh = gatesFor({ checksum: "new", stateApplied: undefined, nodeApplied: undefined, serial: true });
+  const current = gatesFor({ checksum: "new", stateApplied: "new", nodeApplied: undefined, serial: true });
+  test("the delay first, then the cool-off after giving the serial lease up", () => {
+    expect(firstHold(update, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 5000, why: "reconciliation delay over" });
+    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000, why: "serial lease cool-off over" });
+    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 0 })).toBeUndefined();
+  });
+  test("a fresh node is not delayed but cools off; the OSC already applied waits for nothing", () => {
+    expect(firstHold(fresh, { delayLeftMs: 5000, coolOffLeftMs: 0 })).toBeUndefined();
+    expect(firstHold(fresh, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000 });
+    expect(firstHold(current, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toBeUndefined();
   });
 });
