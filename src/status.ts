@@ -24,6 +24,7 @@ export type StatusBoardOptions = {
   minIntervalMs?: number;
   /** The file is rewritten at least this often (30 s). */
   heartbeatMs?: number;
+  /** The wall clock: the file's timestamps, for people and `trellis status` (the write pacing is monotonic). */
   now?: () => number;
 };
 
