@@ -8,10 +8,10 @@
 // time through a Lease. A node whose apply fails keeps the serial lease, so a bad change stops there
 // instead of rolling on to the next node, up to a hold limit: past it the failure may be the node's own,
 // and the lease goes to the next node (a Warning and trellis_serial_lease_given_up_total say so). Which
-// gates an OSC passes on this node is decided in src/controllers/osc-gates.ts. trellis's own fleet rollouts (rollout.trellis.dev/ settings,
-// src/controllers/rollout.ts) hold an update back on a paused node, outside the canary, outside the
-// maintenance windows or without a free disruption slot, and gate a disruptive change on the node's
-// health afterwards, rolling back if the Secret asks for it.
+// gates an OSC passes on this node is decided in src/controllers/osc-gates.ts. trellis's own fleet
+// rollouts (rollout.trellis.dev/ settings, src/controllers/rollout.ts) hold an update back on a paused
+// node, outside the canary, outside the maintenance windows or without a free disruption slot, and gate
+// a disruptive change on the node's health afterwards, rolling back if the Secret asks for it.
 import { CoreV1Api, type V1Node, type V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, parseOscBytes, sha256Hex } from "../api/desired.ts";
