@@ -10,6 +10,7 @@ import type { ComponentStatus, StatusBoard } from "./controllers/types.ts";
 import type { Files } from "./host/files.ts";
 import { describeError, type Logger } from "./log.ts";
 import type { Readiness } from "./server.ts";
+import { monotonicMs } from "./time.ts";
 
 export type PersistentStatusBoard = StatusBoard & {
   /** Stops the periodic writes and writes the last snapshot, marked as stopped. */
@@ -23,15 +24,13 @@ export type StatusBoardOptions = {
   minIntervalMs?: number;
   /** The file is rewritten at least this often (30 s). */
   heartbeatMs?: number;
-  /** Wall clock (ms since the epoch) for the timestamps in the file. */
+  /** The wall clock: the file's timestamps, for people and `trellis status` (the write pacing is monotonic). */
   now?: () => number;
 };
 
 export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoard {
   const log = opts.log.with({ component: "status" });
   const now = opts.now ?? Date.now;
-  // The spacing of writes is measured on the monotonic clock: a wall clock set back an hour must not hold the writes back an hour.
-  const monotonic = () => performance.now();
   const minIntervalMs = opts.minIntervalMs ?? 1000;
   const heartbeatMs = opts.heartbeatMs ?? 30_000;
   const startedAt = iso(now());
@@ -54,7 +53,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
   });
 
   const write = async (file: StatusFile) => {
-    lastWrite = monotonic();
+    lastWrite = monotonicMs();
     try {
       await opts.files.writeAtomic(statusPath, `${JSON.stringify(file, null, 2)}\n`, 0o644);
       if (failing) log.info("writing the status file works again", { path: statusPath });
@@ -79,7 +78,7 @@ export function createStatusBoard(opts: StatusBoardOptions): PersistentStatusBoa
           if (dirty) schedule();
         });
       },
-      Math.max(0, lastWrite + minIntervalMs - monotonic()),
+      Math.max(0, lastWrite + minIntervalMs - monotonicMs()),
     );
   };
   const heartbeat = setInterval(schedule, heartbeatMs);

@@ -15,6 +15,8 @@
 //   maintenance-windows  "Mon-Fri 22:00-06:00 Europe/Berlin; Sat,Sun 00:00-24:00": disruptive applies
 //                        wait for a window (src/api/windows.ts)
 //   canary-selector      a label selector: only matching nodes take a new OSC
+//   serial-hold-limit    with the serial annotation: how long a node whose apply keeps failing holds the
+//                        serial lease before giving it to the next node (default 10m, the lease's duration)
 //
 // The Node label rollout.trellis.dev/paused=true pauses one node: it keeps reporting, applies nothing new.
 import { parseGoDuration } from "./duration.ts";
@@ -33,6 +35,7 @@ export const rolloutKeys = {
   rollback: `${rolloutPrefix}rollback`,
   windows: `${rolloutPrefix}maintenance-windows`,
   canary: `${rolloutPrefix}canary-selector`,
+  serialHoldLimit: `${rolloutPrefix}serial-hold-limit`,
 } as const;
 /** Node label: "true" pauses trellis on that node. */
 export const pausedLabel = `${rolloutPrefix}paused`;
@@ -52,6 +55,7 @@ export type RolloutSettings = {
   rollback: boolean;
   windows?: Window[];
   canary?: Selector;
+  serialHoldLimitMs: number;
 };
 
 const needsBudget = [rolloutKeys.settleTime, rolloutKeys.healthTimeout, rolloutKeys.probe, rolloutKeys.probeTimeout, rolloutKeys.rollback];
@@ -129,6 +133,7 @@ export function parseRolloutSettings(annotations: Readonly<Record<string, string
     rollback: rollbackText === "true",
     ...(windows ? { windows } : {}),
     ...(canary ? { canary } : {}),
+    serialHoldLimitMs: duration(rolloutKeys.serialHoldLimit, 10 * 60_000, 1000),
   };
   if (settings.healthTimeoutMs <= settings.settleMs) fail(rolloutKeys.healthTimeout, `must be longer than the settle time (${settings.settleMs / 1000}s)`);
   return errors.length > 0 ? { ok: false, errors } : { ok: true, value: settings };

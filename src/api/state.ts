@@ -4,7 +4,7 @@
 // apply that later failed is still known to be trellis's and can be removed (gardener#10972).
 import * as v from "valibot";
 import { object, record } from "./shapes.ts";
-import { PlanSchema } from "../plan/types.ts";
+import { PlanSchema } from "./plan.ts";
 
 export const OwnedSchema = object({
   version: v.literal(1),

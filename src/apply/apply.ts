@@ -10,15 +10,14 @@
 // - The last-applied record is written only when every step succeeded.
 import { dirname } from "node:path";
 import type { Desired } from "../api/desired.ts";
-import { dropInDir } from "../api/paths.ts";
+import { dropInDir, paths } from "../api/paths.ts";
 import type { AgentState, Owned, Progress } from "../api/state.ts";
 import type { FileContent, Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import type { Logger } from "../log.ts";
 import { describeError } from "../log.ts";
-import { certsDir } from "../plan/containerd.ts";
 import { ownedAfter, settleOwned } from "../plan/owned.ts";
-import type { Plan, Step } from "../plan/types.ts";
+import type { Plan, Step } from "../api/plan.ts";
 import { planForNode } from "./observe.ts";
 import type { StateStore } from "./state-store.ts";
 
@@ -153,7 +152,7 @@ async function runStep(step: Step, desired: Desired, deps: ApplyDeps): Promise<v
       if (step.target.type === "drop-in") await deps.files.removeDirIfEmpty(dropInDir(step.target.unit));
       // A registry removed from the OSC takes its certs.d directory along (containerd would still
       // consult an empty one); CA files another tool put there keep it.
-      if (dirname(dirname(step.path)) === certsDir) await deps.files.removeDirIfEmpty(dirname(step.path));
+      if (dirname(dirname(step.path)) === paths.containerdHostsDir) await deps.files.removeDirIfEmpty(dirname(step.path));
       return;
     case "daemon-reload":
       return deps.systemd.daemonReload();

@@ -7,7 +7,8 @@ import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { adoptMatching } from "../plan/owned.ts";
 import { makePlan } from "../plan/plan.ts";
-import type { Observed, Plan } from "../plan/types.ts";
+import type { Plan } from "../api/plan.ts";
+import type { Observed } from "../plan/types.ts";
 
 export async function observe(desired: Desired, owned: Owned, files: Files, systemd: Systemd | undefined): Promise<Observed> {
   const paths = new Set<string>([...desired.files.map((f) => f.path), ...Object.keys(owned.files)]);

@@ -63,6 +63,7 @@ export async function collectStatus(deps: StatusDeps): Promise<StatusReport> {
 
 function agentOf(file: StatusFile, deps: StatusDeps): StatusReport["agent"] {
   const at = { pid: file.pid, startedAt: file.startedAt, writtenAt: file.writtenAt, ...(file.stoppedAt ? { stoppedAt: file.stoppedAt } : {}) };
+  // Timestamps another process wrote: only the wall clock compares with them.
   const ageMs = deps.now() - Date.parse(file.writtenAt);
   // Rewritten every heartbeat: twice that, and a few seconds for a busy node, means it stopped or hangs.
   const staleMs = (2 * file.heartbeatSeconds + 5) * 1000;

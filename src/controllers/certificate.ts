@@ -14,7 +14,7 @@ import type { Files } from "../host/files.ts";
 import { type Kube, kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, nodeAgentUserPrefix, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
 import { type ClientCertificate, readClientCertificate, renderKubeconfig } from "../kube/csr-kubeconfig.ts";
-import { abortableSleep, backoffDelay } from "../kube/watch.ts";
+import { abortableSleep, backoffDelay } from "../time.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, StatusBoard } from "./types.ts";
@@ -52,6 +52,7 @@ const maxSleepMs = 3_600_000;
 
 export function startCertificateController(deps: CertificateControllerDeps): Controller {
   const log = deps.log.with({ controller: "certificate" });
+  // The wall clock: a certificate's validity, and the renewal time taken from it, are wall-clock facts.
   const now = deps.now ?? Date.now;
   const random = deps.random ?? Math.random;
   const sleep = deps.sleep ?? abortableSleep;

@@ -24,14 +24,13 @@ export type HealthCheckDeps = {
   unitStatus(unit: string): Promise<UnitStatus>;
   ownedUnits(): Promise<Record<string, OwnedUnit>>;
   stuckThresholdMs: number;
-  /** Wall clock, for comparing with kubelet's heartbeat. */
-  now(): number;
+  /** ms since boot, for how long a unit has been in its state. */
+  sinceBoot(): number;
 };
 
 /** One look at the node's health after a change that restarted `units`. */
 export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutSettings, "probe" | "probeTimeoutMs">, change: { units: string[] }): Promise<GateVerdict> {
   const owned = await deps.ownedUnits();
-  const now = deps.now();
   // One D-Bus read per unit per look: the checks below all use these.
   const statuses = new Map<string, UnitStatus>();
   for (const unit of Object.keys(owned)) statuses.set(unit, await deps.unitStatus(unit));
@@ -39,7 +38,7 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
     const want = owned[unit];
     const s = statuses.get(unit);
     if (!want || !s || want.enable === false || want.command === "stop") continue; // stopped on purpose
-    const verdict = assessUnit(unit, want, s, deps.stuckThresholdMs, now);
+    const verdict = assessUnit(unit, want, s, deps.stuckThresholdMs, deps.sinceBoot());
     if (verdict.health !== "healthy" || s.subState === "auto-restart") {
       return { healthy: false, check: `unit ${unit}: ${s.subState === "auto-restart" ? "restarting after a failure (auto-restart)" : verdict.why ?? `${s.activeState} (${s.subState})`}` };
     }
@@ -54,7 +53,7 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
     const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
     if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };
   }
-  const units = conditionOf(Object.entries(owned).map(([unit, want]) => assessUnit(unit, want, statuses.get(unit) as UnitStatus, deps.stuckThresholdMs, now)));
+  const units = conditionOf(Object.entries(owned).map(([unit, want]) => assessUnit(unit, want, statuses.get(unit) as UnitStatus, deps.stuckThresholdMs, deps.sinceBoot())));
   if (units.reason !== "AllUnitsHealthy") return { healthy: false, check: `SystemdUnitsReady: ${units.reason}: ${units.message}` };
   if (settings.probe) {
     const problem = await runProbe(settings.probe, settings.probeTimeoutMs);

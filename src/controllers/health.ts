@@ -17,7 +17,8 @@ import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "./every.ts";
+import { every } from "../loops.ts";
+import { monotonicMs } from "../time.ts";
 
 export const defaultKubeletHealthz = "http://127.0.0.1:10248/healthz";
 
@@ -33,7 +34,8 @@ export type HealthControllerDeps = {
   containerdSocket?: string;
   /** Limit for one probe: a component that does not answer in time is failing (default 5 s). */
   probeTimeoutMs?: number;
-  now?: () => number;
+  /** The monotonic clock thresholds and flap windows are measured by. */
+  clock?: () => number;
 };
 
 type Component = "kubelet" | "containerd";
@@ -65,7 +67,7 @@ const absent = new Set(["not-found", "masked"]);
 
 export function startHealthController(deps: HealthControllerDeps): Controller {
   const log = deps.log.with({ controller: "health" });
-  const now = deps.now ?? Date.now;
+  const now = deps.clock ?? monotonicMs;
   const { config } = deps;
   const timeoutMs = deps.probeTimeoutMs ?? 5_000;
   const failuresTotal = deps.metrics.counter("trellis_health_check_failures_total", "Failed health checks of kubelet and containerd, by component.");
@@ -133,10 +135,10 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       await deps.systemd.restart(c.unit);
       restartsTotal.inc({ component: c.component });
       c.restarts++;
-      c.lastRestart = { at: new Date(now()).toISOString() };
+      c.lastRestart = { at: new Date().toISOString() };
       message = `${why}. Restarted ${c.unit}.`;
     } catch (err) {
-      c.lastRestart = { at: new Date(now()).toISOString(), error: describeError(err) };
+      c.lastRestart = { at: new Date().toISOString(), error: describeError(err) };
       message = `${why}. Restarting ${c.unit} failed: ${describeError(err)}`;
       log.error(`could not restart ${c.unit}`, { error: err });
     }

@@ -10,8 +10,9 @@
 import { ApiException, type ConfigurationOptions, CoordinationV1Api, Observable, type V1Lease, type V1Node, type V1OwnerReference } from "@kubernetes/client-node";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
-import { microTime } from "../kube/serial-gate.ts";
-import { abortableSleep } from "../kube/watch.ts";
+import { microTime } from "../kube/micro-time.ts";
+import { monotonicMs } from "../time.ts";
+import { every, type Loop } from "../loops.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
@@ -30,9 +31,8 @@ export type LeaseControllerDeps = {
   intervalMs?: number;
   /** The Lease's leaseDurationSeconds: how long a renewal counts. */
   durationSeconds?: number;
-  /** Wall clock (ms since the epoch) for renewTime and the status. */
+  /** Wall clock (ms since the epoch) for renewTime, which other nodes' clocks read, and the status. */
   now?: () => number;
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
 };
 
 // Each 409/404 means the Lease changed under this controller; a few in a row within one tick mean
@@ -45,7 +45,6 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   if (!(intervalMs > 0)) throw new Error(`lease controller: intervalMs must be positive, not ${intervalMs}`);
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`lease controller: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const now = deps.now ?? Date.now;
-  const sleep = deps.sleep ?? abortableSleep;
   const log = deps.log.with({ controller: "lease" });
   const coordination = apiClient(deps.kube, CoordinationV1Api);
   const renewFailures = deps.metrics.counter("trellis_lease_renew_failures_total", "Renewals of the agent's Lease that failed (the next interval tries again).");
@@ -58,6 +57,8 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   /** The Lease as this controller last read or wrote it: the next update starts from it. */
   let known: V1Lease | undefined;
   let lastRenew: number | undefined;
+  /** When the last renewal succeeded, on the monotonic clock: its age says whether the Lease is still fresh. */
+  let lastRenewMono: number | undefined;
   let failures = 0; // in a row
   let nodeGone = false;
 
@@ -130,6 +131,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       if (lastRenew === undefined) log.info("renewing the Lease", { lease: `${leaseNamespace}/${leaseName(node.metadata?.name as string)}`, intervalMs, durationSeconds });
       else if (failures > 0) log.info("renewed the Lease again", { failuresBefore: failures });
       lastRenew = at;
+      lastRenewMono = monotonicMs();
       failures = 0;
       lastRenewed.set(at / 1000);
       report(true, `renewed at ${new Date(at).toISOString()}, every ${intervalMs / 1000} s (lease ${durationSeconds} s)`);
@@ -139,22 +141,19 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
       renewFailures.inc();
       const error = describeError(err);
       log.warn("could not renew the Lease; trying again at the next interval", { error, failuresInARow: failures });
-      const age = lastRenew === undefined ? undefined : (now() - lastRenew) / 1000;
+      const age = lastRenewMono === undefined ? undefined : (monotonicMs() - lastRenewMono) / 1000;
       const fresh = age !== undefined && age <= durationSeconds;
       report(fresh, `${age === undefined ? "never renewed" : `last renewed ${Math.round(age)} s ago`}; ${failures} failure(s) in a row: ${error}`, { error });
     }
   }
 
+  let loop: Loop | undefined;
   async function run(): Promise<void> {
     report(false, "waiting for the Node to be registered");
     const stopped = new Promise<undefined>((resolve) => stopper.signal.addEventListener("abort", () => resolve(undefined), { once: true }));
     if (!(await Promise.race([deps.node.found, stopped]))) return;
-    while (!stopper.signal.aborted) {
-      const started = performance.now();
-      await tick();
-      // A steady cadence: the time a renewal took counts towards the interval.
-      await sleep(Math.max(0, intervalMs - (performance.now() - started)), stopper.signal);
-    }
+    // A steady cadence: the time a renewal took counts towards the interval.
+    loop = every(intervalMs, tick, { steady: true });
   }
 
   const running = run();
@@ -162,6 +161,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     async stop() {
       stopper.abort();
       await running;
+      await loop?.stop();
     },
   };
 }

@@ -1,34 +1,41 @@
 // The OperatingSystemConfig controller: watches the OSC Secret (by name only) and the agent's Node,
 // and reconciles the node to the OSC — on every change, every syncPeriod (drift repair), and on retry
-// after a failure. Level-triggered and single-flight: each reconcile reads the latest Secret, never
-// the event that woke it, and a trigger during a reconcile runs one more afterwards.
+// after a failure. Level-triggered and single-flight (src/loops.ts): each reconcile reads the latest
+// Secret, never the event that woke it, and a trigger during a reconcile runs one more afterwards.
 //
 // Rollout controls from the control plane: the Node annotation reconciliation-delay holds an updated
 // OSC back for that long after it was first seen, and a Secret annotated serial applies one node at a
 // time through a Lease. A node whose apply fails keeps the serial lease, so a bad change stops there
-// instead of rolling on to the next node. trellis's own fleet rollouts (rollout.trellis.dev/ settings,
-// src/controllers/rollout.ts) hold an update back on a paused node, outside the canary, outside the
-// maintenance windows or without a free disruption slot, and gate a disruptive change on the node's
-// health afterwards, rolling back if the Secret asks for it.
+// instead of rolling on to the next node, up to a hold limit: past it the failure may be the node's own,
+// and the lease goes to the next node (a Warning and trellis_serial_lease_given_up_total say so). Which
+// gates an OSC passes on this node is decided in src/controllers/osc-gates.ts. trellis's own fleet
+// rollouts (rollout.trellis.dev/ settings, src/controllers/rollout.ts) hold an update back on a paused
+// node, outside the canary, outside the maintenance windows or without a free disruption slot, and gate
+// a disruptive change on the node's health afterwards, rolling back if the Secret asks for it.
 import type { V1Node, V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, oscChecksum, parseOscBytes, secretRefsOf } from "../api/desired.ts";
-import { parseGoDuration } from "../api/duration.ts";
 import { oscDataKey, paths } from "../api/paths.ts";
+import { type DelayStart, DelayStartSchema, delayStartPath } from "../api/delay-start.ts";
 import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
-import type { StateStore } from "../apply/state-store.ts";
+import { jsonStore, type StateStore } from "../apply/state-store.ts";
+import { type BootClockReading, elapsedBetween, readBootClock } from "../host/boot-clock.ts";
 import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import type { Systemd } from "../host/systemd.ts";
 import type { Kube } from "../kube/client.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged, patchNodeMetadata } from "../kube/node.ts";
-import { createSerialGate, isSerialRollout } from "../kube/serial-gate.ts";
+import { createSerialGate, isSerialRollout, type SerialGate } from "../kube/serial-gate.ts";
 import { watchSecretRefs } from "../kube/secret-refs.ts";
 import { watchObjects } from "../kube/watch.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
+import { backoffDelay, monotonicMs } from "../time.ts";
+import { singleFlight } from "../loops.ts";
+import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
@@ -41,6 +48,7 @@ import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, p
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
+import * as v from "valibot";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -77,7 +85,10 @@ export type OscControllerDeps = {
   images: ImageStore;
   /** Fleet rollouts: budget, health gate, windows, selection (src/controllers/rollout.ts). */
   rollout: Rollout;
-  now?: () => number;
+  /** The monotonic clock every wait and duration is measured by. */
+  clock?: () => number;
+  /** What the reconciliation delay is measured by, across agent restarts and reboots. */
+  bootClock?: () => BootClockReading;
 };
 
 type OscControllerStatus = {
@@ -95,6 +106,7 @@ export type OscController = {
   stop(): Promise<void>;
 };
 
+/** When to reconcile again, on the monotonic clock. */
 type Wait = { atMs: number; why: string };
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
@@ -104,12 +116,19 @@ const gateLookMs = 1_000;
 
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
-  const now = deps.now ?? Date.now;
+  const now = deps.clock ?? monotonicMs;
+  const bootClock = deps.bootClock ?? readBootClock;
+  const delayStarts = jsonStore(deps.files, delayStartPath, v.optional(DelayStartSchema), () => undefined);
   let secret: V1Secret | undefined;
-  // What this agent noted about the OSC it sees now: when it first saw it (for the delay) and which
-  // problems it reported already. Replaced when the OSC changes, so nothing piles up over months.
-  let seen: { checksum: string; at: number; reported: Set<string> } | undefined;
-  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, at: now(), reported: new Set() }));
+  // What this agent noted about the OSC it sees now: which problems it reported already. Replaced when
+  // the OSC changes, so nothing piles up over months.
+  let seen: { checksum: string; reported: Set<string> } | undefined;
+  const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, reported: new Set() }));
+  // When this node first saw the OSC, for the reconciliation delay (persisted: a restart does not restart the wait).
+  let firstSeen: DelayStart | undefined;
+  // The serial lease while an apply under it keeps failing, and the OSC this node gave the lease up for.
+  let serialHold: SerialHold | undefined;
+  let serialGaveUp: { checksum: string; atMs: number } | undefined;
   let failures = 0;
   let stopped = false;
   // A long image download must not hold up the agent's shutdown.
@@ -117,37 +136,24 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let leftoverLeaseChecked = false;
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
-  // Single flight: `pending` asks for one more run after the current one.
-  let running: Promise<void> | undefined;
-  let pending = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const trigger = (why: string) => {
-    if (stopped) return;
-    if (running) {
-      pending = true;
-      return;
-    }
-    running = (async () => {
-      do {
-        pending = false;
-        const started = now();
-        const wait = await reconcile(why).catch(async (err: unknown) => {
-          const error = describeError(err);
-          status.lastResult = "failed";
-          status.lastError = error;
-          log.error("reconcile failed", { error });
-          const current = deps.node.current();
-          if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
-          return retryWait("reconcile error");
-        });
-        duration.observe((now() - started) / 1000);
-        reconciles.inc({ result: status.lastResult ?? "error" });
-        report();
-        schedule(wait);
-      } while (pending && !stopped);
-      running = undefined;
-    })();
-  };
+  const passes = singleFlight(async (why) => {
+    const started = now();
+    const wait = await reconcile(why).catch(async (err: unknown) => {
+      const error = describeError(err);
+      status.lastResult = "failed";
+      status.lastError = error;
+      log.error("reconcile failed", { error });
+      const current = deps.node.current();
+      if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
+      return retryWait("reconcile error");
+    });
+    duration.observe((now() - started) / 1000);
+    reconciles.inc({ result: status.lastResult ?? "error" });
+    report();
+    schedule(wait);
+  });
+  const trigger = passes.trigger;
   const schedule = (wait: Wait) => {
     if (timer) clearTimeout(timer);
     if (stopped) return;
@@ -168,13 +174,15 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const periodic = (): Wait => ({ atMs: now() + deps.syncPeriodMs, why: "periodic re-check" });
   const retryWait = (why: string): Wait => {
     failures++;
-    const ms = Math.min(1000 * 2 ** Math.min(failures - 1, 8), 5 * 60_000);
+    // 1 s doubling per failure in a row, up to 256 s; not jittered: one node's retries concern no other.
+    const ms = backoffDelay(failures, { initialMs: 1000, maxMs: 256_000 }, 1);
     return { atMs: now() + ms, why: `retry after ${why}` };
   };
 
   const reconciles = deps.metrics.counter("trellis_reconcile_total", "OSC reconciles by result (applied, failed, invalid, waiting, error).");
   const duration = deps.metrics.histogram("trellis_reconcile_duration_seconds", "Time of one OSC reconcile.", [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]);
   const restarts = deps.metrics.counter("trellis_unit_restarts_total", "Units restarted by OSC applies, by unit.");
+  const serialGivenUp = deps.metrics.counter("trellis_serial_lease_given_up_total", "Serial leases this node gave up after its apply kept failing past the hold limit.");
   let appliedChecksum: string | undefined;
   deps.metrics.collect("trellis_applied_osc_info", "1, labelled with the checksum of the OSC last applied completely.", () =>
     appliedChecksum ? [{ labels: { checksum: appliedChecksum }, value: 1 }] : [],
@@ -245,6 +253,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const { matched } = layered.value;
     const checksum = layeredChecksum(bytes, matched);
     note(checksum);
+    await noteFirstSeen(checksum);
     status.lastChecksum = checksum;
     // What is recorded as applied (last-applied-osc.yaml, the rollback target): the layered OSC.
     const applied = matched.length > 0 ? new TextEncoder().encode(stringify(layered.value.osc)) : bytes;
@@ -280,38 +289,39 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (ongoing) return ongoing;
 
     const current = deps.node.current();
-    const isUpdate = state.lastApplied !== undefined && state.lastApplied.checksum !== checksum;
-    if (isUpdate) {
-      const hold = delayRemaining(current, checksum);
-      if (hold > 0) {
-        log.info("holding the updated OSC back (reconciliation delay)", { checksum, remainingMs: hold });
-        return { atMs: now() + hold, why: "reconciliation delay over" };
-      }
+    const identity = current?.metadata?.name ?? deps.hostName;
+    const gates = gatesFor({ checksum, stateApplied: state.lastApplied?.checksum, nodeApplied: nodeAppliedChecksum(current), serial: isSerialRollout(secret) });
+    const hold = firstHold(gates, {
+      delayLeftMs: gates.delay ? delayRemaining(current, checksum) : 0,
+      coolOffLeftMs: serialCoolOffLeft(serialGaveUp, checksum, now(), settings.serialHoldLimitMs),
+    });
+    if (hold) {
+      log.info(hold.message, { checksum, remainingMs: Math.round(hold.ms) });
+      return { atMs: now() + hold.ms, why: hold.why };
     }
     // Paused, outside the canary, outside every window or without a free slot: wait. A disruptive
     // change is recorded for its health gate before it is applied (it may restart this agent).
     let gatedUnits: string[] = [];
-    if (isUpdate) {
+    if (gates.admit) {
       const disrupted = settings.budget || settings.windows ? disruptedUnits((await planForNode({ desired, checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit })).plan, settings.disruptiveUnits) : [];
       const admission = await deps.rollout.admit({ secretUid: secret.metadata?.uid ?? "", checksum, disrupted, settings });
       if (!admission.go) {
         status.lastResult = "held";
         status.lastError = admission.message;
-        return { atMs: admission.retryAtMs, why: admission.reason };
+        return { atMs: now() + admission.retryAfterMs, why: admission.reason };
       }
       if (settings.budget && disrupted.length > 0) {
         await deps.rollout.gated(checksum, disrupted);
         gatedUnits = disrupted;
       }
     }
-    if (!isUpdate && !leftoverLeaseChecked && isSerialRollout(secret) && current) {
+    if (gates.kind === "current" && !leftoverLeaseChecked && isSerialRollout(secret)) {
       // A crash between a successful apply and the release would hold up the rollout until the
       // lease expires: give back a lease this node still holds.
       leftoverLeaseChecked = true;
-      await serialGate(current).release();
+      await serialGate(identity).release();
     }
-    const serial = isUpdate && isSerialRollout(secret) && current !== undefined;
-    const gate = serial ? serialGate(current) : undefined;
+    const gate = gates.serial ? serialGate(identity) : undefined;
     if (gate) {
       const decision = await gate.acquire();
       if (!decision.held) {
@@ -345,9 +355,15 @@ export function startOscController(deps: OscControllerDeps): OscController {
       status.lastResult = "failed";
       status.lastError = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
       await reportFailure(deps.node.current(), checksum, outcome);
+      if (gate) {
+        serialHold = serialHold?.checksum === checksum ? { ...serialHold, failures: serialHold.failures + 1, lastError: status.lastError } : { checksum, sinceMs: started, failures: 1, lastError: status.lastError };
+        if (giveUpSerialLease(serialHold, now(), settings.serialHoldLimitMs)) return giveUpLease(gate, identity, serialHold, settings.serialHoldLimitMs);
+      }
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
     failures = 0;
+    serialHold = undefined;
+    serialGaveUp = undefined;
     status.lastResult = "applied";
     status.lastError = undefined;
     for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
@@ -425,11 +441,31 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return { atMs: now() + gateLookMs, why: "health gate of the rollback" };
   }
 
-  function serialGate(current: V1Node) {
+  /**
+   * Gives up the serial lease an apply kept failing under for longer than the hold limit, and says so
+   * on the Node: the pool's rollout goes on with the next node, and this node asks again after as long.
+   */
+  async function giveUpLease(gate: SerialGate, identity: string, hold: SerialHold, limitMs: number): Promise<Wait> {
+    await gate.release();
+    serialHold = undefined;
+    serialGaveUp = { checksum: hold.checksum, atMs: now() };
+    serialGivenUp.inc();
+    const heldFor = formatElapsed(now() - hold.sinceMs);
+    const message =
+      `${identity} held the serial lease kube-system/${deps.secretName} for ${heldFor} (hold limit ${formatDuration(limitMs)}) ` +
+      `and failed ${hold.failures} apply attempt(s) of OSC ${hold.checksum.slice(0, 12)}; gave it up so the next node can go on, ` +
+      `asking again in ${formatDuration(limitMs)}. Last error: ${hold.lastError}`;
+    log.warn("gave up the serial lease: the apply kept failing past the hold limit", { holder: identity, checksum: hold.checksum, failures: hold.failures, heldFor });
+    const current = deps.node.current();
+    if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "SerialLeaseGivenUp", message });
+    return { atMs: now() + limitMs, why: "serial lease cool-off over" };
+  }
+
+  function serialGate(identity: string) {
     return createSerialGate({
       kube: deps.kube,
       secret: { name: deps.secretName, namespace: "kube-system", uid: secret?.metadata?.uid ?? "" },
-      identity: current.metadata?.name as string,
+      identity,
       log,
       // A waiting node looks again within seconds, so a released lease is taken up quickly; the
       // cost is a few GETs per waiting node during a rollout, none otherwise.
@@ -438,14 +474,31 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   function delayRemaining(current: V1Node | undefined, checksum: string): number {
-    const text = current?.metadata?.annotations?.[annotations.reconciliationDelay];
-    if (!text) return 0;
-    const delay = parseGoDuration(text);
-    if (delay === undefined || delay < 0) {
-      log.warn("ignoring an unparsable reconciliation delay", { annotation: annotations.reconciliationDelay, value: text });
-      return 0;
+    const delay = parseDelay(current?.metadata?.annotations?.[annotations.reconciliationDelay]);
+    if ("unparsable" in delay) log.warn("ignoring an unparsable reconciliation delay", { annotation: annotations.reconciliationDelay, value: delay.unparsable });
+    if (delay.ms === 0 || firstSeen?.checksum !== checksum) return 0;
+    return delayLeft(delay.ms, elapsedBetween(firstSeen, bootClock()));
+  }
+
+  /** Records when this node first saw `checksum` (kept in the state dir, so an agent restart keeps the time). */
+  async function noteFirstSeen(checksum: string): Promise<void> {
+    if (firstSeen?.checksum === checksum) return;
+    const saved = await delayStarts.read().catch((err: unknown) => {
+      log.warn("could not read when the OSC was first seen; counting from now", { path: delayStartPath, error: describeError(err) });
+      return undefined;
+    });
+    if (saved?.checksum === checksum) {
+      firstSeen = saved;
+      return;
     }
-    return note(checksum).at + delay - now();
+    firstSeen = { version: 1, checksum, ...bootClock() };
+    await delayStarts.write(firstSeen);
+  }
+
+  /** What the Node says is applied: the effective checksum where overlays apply, else the base one. */
+  function nodeAppliedChecksum(current: V1Node | undefined): string | undefined {
+    const a = current?.metadata?.annotations ?? {};
+    return a[effectiveChecksumAnnotation] ?? a[annotations.appliedChecksum];
   }
 
   /** The OSC with the Secret's overlays that match this Node's labels (none before the Node is known). */
@@ -559,12 +612,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     synced,
     stop: async () => {
       stopped = true;
+      const finished = passes.stop();
       stopping.abort(new Error("the agent is stopping"));
       if (timer) clearTimeout(timer);
       unsubscribe();
       await secretWatch.stop();
       await secretRefs.stop();
-      await running;
+      await finished;
     },
   };
 }

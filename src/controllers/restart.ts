@@ -22,6 +22,7 @@ import type { Controller, NodeSource } from "./types.ts";
 import type { RolloutSettings } from "../api/rollout.ts";
 import { countsAsDisruptive } from "../plan/disruption.ts";
 import type { Rollout } from "./rollout.ts";
+import { singleFlight } from "../loops.ts";
 
 export const restartAnnotation = "worker.gardener.cloud/restart-systemd-services";
 /** Gardener's event reason for a unit restart, so existing tooling finds these events too. */
@@ -72,19 +73,11 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   let stopped = false;
   const stopping = new AbortController();
 
-  // Single flight: `pending` asks for one more pass after the current one, on the latest Node.
-  let running: Promise<void> | undefined;
-  let pending = false;
-  const trigger = () => {
-    if (stopped) return;
-    if (running) return void (pending = true);
-    running = (async () => {
-      do {
-        pending = false;
-        if (latest) await reconcile(latest);
-      } while (pending && !stopped);
-    })().finally(() => (running = undefined));
-  };
+  // Each pass works on the latest Node.
+  const passes = singleFlight(async () => {
+    if (latest) await reconcile(latest);
+  });
+  const trigger = () => passes.trigger("node changed");
 
   async function reconcile(node: V1Node): Promise<void> {
     const value = node.metadata?.annotations?.[restartAnnotation];
@@ -105,7 +98,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
           retry = setTimeout(() => {
             retry = undefined;
             trigger();
-          }, Math.max(1000, admitted.retryAtMs - Date.now()));
+          }, Math.max(1000, admitted.retryAfterMs));
           return;
         }
       }
@@ -201,10 +194,11 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   return {
     stop: async () => {
       stopped = true;
+      const finished = passes.stop();
       stopping.abort();
       unsubscribe();
       if (retry) clearTimeout(retry);
-      await running;
+      await finished;
     },
   };
 }

@@ -26,6 +26,7 @@ import { patchNodeConditionIfChanged } from "../kube/node.ts";
 import { createSlots, type SlotHolder, type Slots } from "../kube/slots.ts";
 import { describeError, type Logger } from "../log.ts";
 import { checkHealth, gateRun, type GateTick } from "./health-gate.ts";
+import { sinceBootMs } from "../host/boot-clock.ts";
 import type { NodeSource, StatusBoard } from "./types.ts";
 
 export const rolloutConditionType = "OperatingSystemConfigRollout";
@@ -45,12 +46,14 @@ export type RolloutDeps = {
   stuckThresholdMs: number;
   /** How often a held slot is renewed (its Lease lasts 4 times as long). */
   renewEveryMs?: number;
+  /** The wall clock: timestamps for people and maintenance windows. */
   now?: () => number;
   /** Monotonic ms. */
   clock?: () => number;
 };
 
-export type Admission = { go: true } | { go: false; reason: string; message: string; retryAtMs: number };
+/** A refusal says how long to wait before asking again (a duration: each caller times it on its own monotonic clock). */
+export type Admission = { go: true } | { go: false; reason: string; message: string; retryAfterMs: number };
 export type PoolContext = { secretUid: string; checksum: string; settings: RolloutSettings };
 /** osc.yaml's checksum (Gardener's, on the Node) and that of what the node applies (overlays included). */
 export type Checksums = { base: string; checksum: string };
@@ -189,9 +192,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
   }
 
   async function poolNodes(): Promise<number> {
-    if (poolSize && now() - poolSize.at < 60_000) return poolSize.n;
+    if (poolSize && clock() - poolSize.at < 60_000) return poolSize.n;
     const list = await core.listNode({ labelSelector: `${poolLabel}=${deps.secretName}` });
-    poolSize = { n: Math.max(1, list.items.length), at: now() };
+    poolSize = { n: Math.max(1, list.items.length), at: clock() };
     return poolSize.n;
   }
 
@@ -205,22 +208,22 @@ export function startRollout(deps: RolloutDeps): Rollout {
     }
     if (!o.settings.budget) return { go: true };
     const slots = slotsFor(o.secretUid);
-    if (!slots) return { go: false, reason: "WaitingForNode", message: "the Node is not registered yet", retryAtMs: now() + 5_000 };
+    if (!slots) return { go: false, reason: "WaitingForNode", message: "the Node is not registered yet", retryAfterMs: 5_000 };
     const k = slotCount(o.settings.budget, await poolNodes(), `Secret kube-system/${deps.secretName}`);
-    if (!k.ok) return { go: false, reason: "InvalidBudget", message: k.errors.join("; "), retryAtMs: now() + 60_000 };
+    if (!k.ok) return { go: false, reason: "InvalidBudget", message: k.errors.join("; "), retryAfterMs: 60_000 };
     const decision = await slots.acquire(k.value, o.checksum, reclaimable);
     if (!decision.held && decision.stopped) {
       return {
         go: false,
         reason: "RolloutStopped",
         message: `OSC ${o.checksum.slice(0, 12)} failed its health gate on another node (${decision.stopped.failure}, recorded on ${decision.stopped.slot}): the rollout of this OSC is stopped; a new OSC (or deleting that Lease) goes on`,
-        retryAtMs: now() + 60_000,
+        retryAfterMs: 60_000,
       };
     }
     if (!decision.held) {
       const holders = decision.holders.map((h) => `${h.node}${h.expired ? " (not renewing)" : ""}`).join(", ");
       // Jittered, so that waiting nodes do not all ask at the same instant.
-      return { go: false, reason: "WaitingForSlot", message: `all ${k.value} disruption slot(s) are taken: ${holders}`, retryAtMs: now() + 3_000 + Math.random() * 4_000 };
+      return { go: false, reason: "WaitingForSlot", message: `all ${k.value} disruption slot(s) are taken: ${holders}`, retryAfterMs: 3_000 + Math.random() * 4_000 };
     }
     await save({ ...s, slot: { name: decision.slot, reasons: [reason] } });
     keepRenewing();
@@ -244,16 +247,16 @@ export function startRollout(deps: RolloutDeps): Rollout {
     const node = deps.node.current();
     const labels = node?.metadata?.labels ?? {};
     const short = o.checksum.slice(0, 12);
-    const wait = async (reason: string, message: string, retryAtMs: number): Promise<Admission> => {
+    const wait = async (reason: string, message: string, retryAfterMs: number): Promise<Admission> => {
       await condition("False", reason, message);
       if (reason === "InvalidBudget") await report("Warning", "RolloutInvalidSetting", message, `${o.checksum}/${reason}`);
       else await report("Normal", "RolloutWaiting", message, `${o.checksum}/${reason}`);
       log.info("holding the OSC back", { checksum: o.checksum, reason, message });
-      return { go: false, reason, message, retryAtMs };
+      return { go: false, reason, message, retryAfterMs };
     };
-    if (labels[pausedLabel] === "true") return wait("Paused", `OSC ${short} waits: this node is paused (label ${pausedLabel}=true)`, now() + 60_000);
+    if (labels[pausedLabel] === "true") return wait("Paused", `OSC ${short} waits: this node is paused (label ${pausedLabel}=true)`, 60_000);
     if (o.settings.canary && !matches(o.settings.canary, labels)) {
-      return wait("NotSelected", `OSC ${short} waits: this node does not match the canary selector "${o.settings.canary.text}"`, now() + 60_000);
+      return wait("NotSelected", `OSC ${short} waits: this node does not match the canary selector "${o.settings.canary.text}"`, 60_000);
     }
     if (o.disrupted.length === 0) return { go: true };
     if (o.settings.windows) {
@@ -261,11 +264,12 @@ export function startRollout(deps: RolloutDeps): Rollout {
       if (!openWindow(o.settings.windows, at)) {
         const next = nextOpening(o.settings.windows, at);
         const message = `OSC ${short} restarts ${o.disrupted.join(", ")} and waits for a maintenance window${next ? ` (next: ${next.toISOString()})` : ""}`;
-        return wait("OutsideMaintenanceWindow", message, Math.min(next?.getTime() ?? Number.POSITIVE_INFINITY, now() + 15 * 60_000));
+        // The window is a wall-clock fact; the wait until it opens is re-checked at least every 15 minutes.
+        return wait("OutsideMaintenanceWindow", message, Math.min((next?.getTime() ?? Number.POSITIVE_INFINITY) - at.getTime(), 15 * 60_000));
       }
     }
     const admitted = await takeSlot("osc", o);
-    if (!admitted.go) return wait(admitted.reason, admitted.reason === "RolloutStopped" ? admitted.message : `OSC ${short} restarts ${o.disrupted.join(", ")} and waits: ${admitted.message}`, admitted.retryAtMs);
+    if (!admitted.go) return wait(admitted.reason, admitted.reason === "RolloutStopped" ? admitted.message : `OSC ${short} restarts ${o.disrupted.join(", ")} and waits: ${admitted.message}`, admitted.retryAfterMs);
     return admitted;
   }
 
@@ -347,7 +351,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
 
   const lookAt = (units: string[], settings: RolloutSettings) => () =>
     checkHealth(
-      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, now },
+      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: sinceBootMs },
       settings,
       { units },
     );

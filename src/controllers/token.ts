@@ -11,7 +11,8 @@ import { createHash } from "node:crypto";
 import type { V1Secret } from "@kubernetes/client-node";
 import type { Files } from "../host/files.ts";
 import type { Kube } from "../kube/client.ts";
-import { abortableSleep, watchObjects, type Watcher } from "../kube/watch.ts";
+import { watchObjects, type Watcher } from "../kube/watch.ts";
+import { every, serializer } from "../loops.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Controller, StatusBoard } from "./types.ts";
@@ -32,7 +33,6 @@ export type TokenControllerDeps = {
   syncPeriodMs: number;
   /** How often the files are compared with the tokens (a stat and a hash of a few small files). */
   checkIntervalMs?: number;
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
 };
 
 const namespace = "kube-system";
@@ -45,7 +45,6 @@ type Wanted = { token: Buffer; sha256: string } | { none: "waiting for the first
 export function startTokenController(deps: TokenControllerDeps): Controller {
   const log = deps.log.with({ controller: "token" });
   const checkIntervalMs = deps.checkIntervalMs ?? 10_000;
-  const sleep = deps.sleep ?? abortableSleep;
   for (const [what, ms] of [["syncPeriodMs", deps.syncPeriodMs], ["checkIntervalMs", checkIntervalMs]] as const) {
     if (!(ms > 0)) throw new Error(`token controller: ${what} must be positive, not ${ms}`);
   }
@@ -57,8 +56,8 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
   const problems = new Map<string, string | undefined>();
 
   // One sync at a time: a watch event and the periodic check must not write the same file at once.
-  let queue: Promise<void> = Promise.resolve();
-  const sync = (configs: TokenSyncConfig[]): Promise<void> => (queue = queue.then(() => syncFiles(configs)));
+  const syncs = serializer();
+  const sync = (configs: TokenSyncConfig[]): Promise<void> => syncs.run(() => syncFiles(configs));
 
   async function syncFiles(configs: TokenSyncConfig[]): Promise<void> {
     for (const c of configs) {
@@ -149,30 +148,23 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
   );
   report();
 
-  async function every(ms: number, job: () => Promise<void>): Promise<void> {
-    for (;;) {
-      await sleep(ms, stopper.signal);
-      if (stopper.signal.aborted) return;
-      await job();
-    }
-  }
   const loops = [
-    every(checkIntervalMs, () => sync(deps.syncConfigs)),
+    every(checkIntervalMs, () => sync(deps.syncConfigs), { firstAfterInterval: true }),
     every(deps.syncPeriodMs, async () => {
       for (const name of secretNames) {
         await watchers.get(name)?.stop();
         if (stopper.signal.aborted) return;
         watchers.set(name, watch(name));
       }
-    }),
+    }, { firstAfterInterval: true }),
   ];
 
   return {
     async stop() {
       stopper.abort();
-      await Promise.all(loops);
+      await Promise.all(loops.map((l) => l.stop()));
       await Promise.all([...watchers.values()].map((w) => w.stop()));
-      await queue;
+      await syncs.idle();
     },
   };
 }

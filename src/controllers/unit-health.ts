@@ -12,12 +12,13 @@ import { formatDuration } from "../api/duration.ts";
 import type { OwnedUnit } from "../api/state.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Systemd, UnitStatus } from "../host/systemd.ts";
+import { sinceBootMs } from "../host/boot-clock.ts";
 import type { Kube } from "../kube/client.ts";
 import { metaTime, type NodeCondition, patchNodeConditionIfChanged } from "../kube/node.ts";
-import { backoffDelay } from "../kube/watch.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "./every.ts";
+import { every } from "../loops.ts";
+import { backoffDelay } from "../time.ts";
 
 export const unitsConditionType = "SystemdUnitsReady";
 const allHealthyMessage = "All systemd units from the operating system config are running as expected.";
@@ -30,14 +31,14 @@ export type UnitHealthControllerDeps = {
   status: StatusBoard;
   log: Logger;
   config: NodeAgentConfiguration["controllers"]["systemdUnitCheck"];
-  now?: () => number;
+  sinceBoot?: () => number;
 };
 
 export type UnitVerdict = { unit: string; health: "healthy" | "progressing" | "unhealthy"; why?: string };
 
 export function startUnitHealthController(deps: UnitHealthControllerDeps): Controller {
   const log = deps.log.with({ controller: "units" });
-  const now = deps.now ?? Date.now;
+  const sinceBoot = deps.sinceBoot ?? sinceBootMs;
   let lastLogged: string | undefined;
 
   async function check(): Promise<void> {
@@ -49,7 +50,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
     }
     const verdicts: UnitVerdict[] = [];
     for (const [name, want] of units) {
-      verdicts.push(assessUnit(name, want, await deps.systemd.unitStatus(name), deps.config.stuckThreshold, now()));
+      verdicts.push(assessUnit(name, want, await deps.systemd.unitStatus(name), deps.config.stuckThreshold, sinceBoot()));
     }
     const condition = conditionOf(verdicts);
     const text = `${condition.status}/${condition.reason}: ${condition.message}`;
@@ -94,7 +95,8 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
 }
 
 /** How one managed unit is doing, from what the OSC wants of it and what systemd says. Pure. */
-export function assessUnit(unit: string, want: OwnedUnit, s: UnitStatus, stuckThresholdMs: number, nowMs: number): UnitVerdict {
+/** `sinceBootMs`: now, in ms since boot, the clock systemd's monotonic timestamps use (a wall-clock step does not make a unit look stuck). */
+export function assessUnit(unit: string, want: OwnedUnit, s: UnitStatus, stuckThresholdMs: number, sinceBootMs: number): UnitVerdict {
   const healthy: UnitVerdict = { unit, health: "healthy" };
   const unhealthy = (why: string): UnitVerdict => ({ unit, health: "unhealthy", why });
   const shouldRun = want.enable !== false && want.command !== "stop";
@@ -115,7 +117,8 @@ export function assessUnit(unit: string, want: OwnedUnit, s: UnitStatus, stuckTh
       if (s.subState === "auto-restart") return healthy;
       const since = s.stateChangeTimestamp;
       const state = `${s.activeState} (${s.subState})${since ? ` since ${metaTime(since)}` : ""}`;
-      if (since && nowMs - since.getTime() >= stuckThresholdMs) return unhealthy(`stuck ${state}, longer than ${formatDuration(stuckThresholdMs)}`);
+      const changedAt = s.stateChangeSinceBootMs;
+      if (changedAt !== undefined && sinceBootMs - changedAt >= stuckThresholdMs) return unhealthy(`stuck ${state}, longer than ${formatDuration(stuckThresholdMs)}`);
       return { unit, health: "progressing", why: state };
     }
     case "active":

@@ -8,7 +8,7 @@ import https from "node:https";
 import { isAbsolute, join } from "node:path";
 import type { RegistryConfig } from "../api/cri-config.ts";
 import type { Logger } from "../log.ts";
-import { certsDir } from "../plan/containerd.ts";
+import { paths } from "../api/paths.ts";
 
 /** Used when containerd is not installed: enough for containerd 1.6+ (2.x migrates version 2 on load). */
 export const builtinDefaultConfig = `version = 2
@@ -119,7 +119,7 @@ export async function probeRegistryHosts(registry: RegistryConfig, timeoutMs: nu
     let ca: string[] | undefined;
     if (host.caCerts && host.caCerts.length > 0) {
       try {
-        ca = await Promise.all(host.caCerts.map((p) => readFile(isAbsolute(p) ? p : join(certsDir, registry.upstream, p), "utf8")));
+        ca = await Promise.all(host.caCerts.map((p) => readFile(isAbsolute(p) ? p : join(paths.containerdHostsDir, registry.upstream, p), "utf8")));
       } catch (err) {
         return { ready: false, error: `${host.url}: reading its CA: ${err instanceof Error ? err.message : String(err)}` };
       }

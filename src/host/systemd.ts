@@ -19,6 +19,8 @@ export type UnitStatus = {
   unitFileState: string; // enabled, disabled, static, "" for transient units, ...
   activeEnterTimestamp?: Date; // absent if the unit never became active
   stateChangeTimestamp?: Date; // when activeState last changed; absent if it never did
+  /** The same moment in ms since boot (systemd's StateChangeTimestampMonotonic): how long a state lasts is measured by it, not by the wall clock. */
+  stateChangeSinceBootMs?: number;
   triggeredBy: string[]; // timers, paths and sockets that start this unit
   serviceType?: string; // services only: simple, exec, forking, oneshot, notify, dbus, idle
   remainAfterExit?: boolean; // services only: active (exited) after the main process ended
@@ -253,6 +255,7 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
     };
     const entered = time("ActiveEnterTimestamp");
     const changed = time("StateChangeTimestamp");
+    const changedSinceBootUs = BigInt((u.StateChangeTimestampMonotonic?.value as bigint | undefined) ?? 0n);
     return {
       name: str("Id"),
       loadState: str("LoadState"),
@@ -262,6 +265,7 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       unitFileState: str("UnitFileState"),
       ...(entered ? { activeEnterTimestamp: entered } : {}),
       ...(changed ? { stateChangeTimestamp: changed } : {}),
+      ...(changedSinceBootUs > 0n ? { stateChangeSinceBootMs: Number(changedSinceBootUs / 1000n) } : {}),
       triggeredBy: (u.TriggeredBy?.value as string[] | undefined) ?? [],
       ...(service
         ? { serviceType: String(service.Type?.value ?? ""), remainAfterExit: service.RemainAfterExit?.value === true, result: String(service.Result?.value ?? "") }

@@ -21,7 +21,7 @@ import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { certificateRequest, type Subject } from "./csr-pem.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
-import { abortableSleep } from "./watch.ts";
+import { abortableSleep, monotonicMs } from "../time.ts";
 
 export const nodeAgentsGroup = "gardener.cloud:node-agents";
 export const nodeAgentUserPrefix = "gardener.cloud:node-agent:machine:";
@@ -170,7 +170,8 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
     log.info("the CertificateSigningRequest exists already (a resumed request)", fields);
   }
 
-  const deadline = now() + waitMs;
+  // How long to wait is a duration (monotonic); the certificate's validity is a wall-clock fact.
+  const startedWaiting = monotonicMs();
   let approvedSeen = false;
   let waitingLogged = false;
   for (;;) {
@@ -205,7 +206,7 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
         log.info("waiting for the CertificateSigningRequest to be approved", { csr: name, waitSeconds: Math.round(waitMs / 1000) });
       }
     }
-    const left = deadline - now();
+    const left = waitMs - (monotonicMs() - startedWaiting);
     if (left <= 0) {
       const why = approvedSeen
         ? `was approved but no certificate was issued within ${formatDuration(waitMs)} (is a controller signing ${signerName}, e.g. kube-controller-manager's csrsigning?)`

@@ -8,6 +8,8 @@ import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 import { metaTime } from "./node.ts";
+import { serializer } from "../loops.ts";
+import { monotonicMs } from "../time.ts";
 
 export type NodeEvent = {
   node: { name: string; uid: string };
@@ -36,33 +38,38 @@ export function createEventRecorder(opts: {
   component?: string;
   /** How long an identical event keeps counting on the existing one (10 min, as client-go aggregates). */
   windowMs?: number;
+  /** The wall clock: the events' timestamps and names. */
   now?: () => Date;
+  /** The monotonic clock the window is measured by. */
+  clock?: () => number;
 }): EventRecorder {
   const { kube, log } = opts;
   const component = opts.component ?? "trellis";
   const windowMs = opts.windowMs ?? 10 * 60_000;
   const now = opts.now ?? (() => new Date());
+  const clock = opts.clock ?? monotonicMs;
   const core = apiClient(kube, CoreV1Api);
   const recent = new Map<string, { name: string; count: number; last: number }>();
   // One at a time: two identical events recorded at once must not both find nothing and both create.
-  let queue: Promise<unknown> = Promise.resolve();
+  const recording = serializer();
 
   async function record(e: NodeEvent): Promise<KubeError | undefined> {
     const message = truncate(e.message, maxMessage);
     const key = JSON.stringify([e.node.uid, e.type, e.reason, message]);
     const at = now();
-    for (const [k, v] of recent) if (at.getTime() - v.last > windowMs) recent.delete(k);
+    const t = clock();
+    for (const [k, v] of recent) if (t - v.last > windowMs) recent.delete(k);
     const seen = recent.get(key);
     try {
       if (seen) {
         const patched = await bump(seen.name, seen.count + 1, at);
         if (patched) {
-          recent.set(key, { name: seen.name, count: seen.count + 1, last: at.getTime() });
+          recent.set(key, { name: seen.name, count: seen.count + 1, last: t });
           return undefined;
         }
       }
       const name = await create(e, message, at);
-      recent.set(key, { name, count: 1, last: at.getTime() });
+      recent.set(key, { name, count: 1, last: t });
       return undefined;
     } catch (err) {
       const ke = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `recording event ${e.reason} for Node ${e.node.name}` });
@@ -107,11 +114,7 @@ export function createEventRecorder(opts: {
   }
 
   return {
-    record(event) {
-      const result = queue.then(() => record(event));
-      queue = result;
-      return result;
-    },
+    record: (event) => recording.run(() => record(event)),
   };
 }
 

@@ -7,10 +7,12 @@
 // the answer is to read again and decide again. Expiry is judged from the holder's renewTime on this
 // node's clock, as gardener-node-agent does: clocks skewed by more than the lease duration would break
 // the exclusion, which NTP-synchronised nodes and a 600 s lease make a non-issue.
-import { CoordinationV1Api, type V1Lease, V1MicroTime, type V1OwnerReference } from "@kubernetes/client-node";
+import { CoordinationV1Api, type V1Lease, type V1OwnerReference } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
+import { keepMicroTime, microTime, timeOf } from "./micro-time.ts";
+import { serializer } from "../loops.ts";
 
 export const serialAnnotation = "reconciliation.osc.node-agent.gardener.cloud/serial";
 
@@ -189,17 +191,11 @@ export function createSerialGate(opts: {
   }
 
   // One operation at a time: they share `known`, and a renew racing a release would undo it.
-  let queue: Promise<unknown> = Promise.resolve();
-  function serialised<T>(op: () => Promise<T>): Promise<T> {
-    const result = queue.then(op);
-    queue = result.catch(() => undefined);
-    return result;
-  }
-
+  const ops = serializer();
   return {
-    acquire: () => serialised(acquire),
-    renew: () => serialised(renew),
-    release: () => serialised(release),
+    acquire: () => ops.run(acquire),
+    renew: () => ops.run(renew),
+    release: () => ops.run(release),
   };
 }
 
@@ -211,25 +207,4 @@ function expiresAt(lease: V1Lease): number {
   const renewed = timeOf(lease.spec?.renewTime);
   const seconds = lease.spec?.leaseDurationSeconds ?? 0;
   return renewed === undefined || seconds < 0 ? Number.NEGATIVE_INFINITY : renewed + seconds * 1000;
-}
-
-// client-node 2.0.1 types MicroTime fields as V1MicroTime (a Date) but does not know the type when
-// decoding, so what it reads is the server's string. Writing needs V1MicroTime: a plain Date goes out
-// with 3 fractional digits, and kube-apiserver answers 400 to anything but exactly 6 ("cannot parse
-// ".123Z" as ".000000"", v1.35).
-function timeOf(t: Date | string | undefined): number | undefined {
-  if (t === undefined) return undefined;
-  const ms = t instanceof Date ? t.getTime() : Date.parse(t);
-  return Number.isFinite(ms) ? ms : undefined;
-}
-
-/** MicroTime's wire form, RFC 3339 with 6 fractional digits (JavaScript's clock has milliseconds: the last 3 are 0). */
-export function microTime(d: Date): V1MicroTime {
-  return new V1MicroTime(d.getTime());
-}
-
-/** A time read from the server goes back as it came (the server's string keeps its microseconds). */
-function keepMicroTime(t: Date | string | undefined): V1MicroTime | undefined {
-  if (t === undefined || typeof t === "string" || t instanceof V1MicroTime) return t as V1MicroTime | undefined;
-  return microTime(t);
 }

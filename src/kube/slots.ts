@@ -14,7 +14,7 @@ import { CoordinationV1Api, type V1Lease, type V1OwnerReference } from "@kuberne
 import type { Logger } from "../log.ts";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
-import { microTime } from "./serial-gate.ts";
+import { microTime, timeOf } from "./micro-time.ts";
 
 export const slotPoolLabel = "rollout.trellis.dev/pool";
 export const slotChecksumAnnotation = "rollout.trellis.dev/checksum";
@@ -48,10 +48,10 @@ export type Slots = {
 
 export const slotName = (secret: string, i: number) => `${secret}-slot-${i}`;
 
-/** Who holds a slot Lease (node "" when free), for which OSC, and whether the holder stopped renewing it by `now`. */
+/** Who holds a slot Lease (node "" when free), for which OSC, and whether the holder stopped renewing it by `now` (wall clock: renewTime is another node's). */
 export function slotHolder(l: V1Lease, now: Date): SlotHolder {
-  // client-node hands MicroTime fields over as the server's strings.
-  const renewed = l.spec?.renewTime ? new Date(l.spec.renewTime as unknown as string) : undefined;
+  const renewedMs = timeOf(l.spec?.renewTime);
+  const renewed = renewedMs === undefined ? undefined : new Date(renewedMs);
   return {
     slot: l.metadata?.name as string,
     node: l.spec?.holderIdentity ?? "",

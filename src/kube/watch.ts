@@ -13,6 +13,7 @@ import type { Logger } from "../log.ts";
 import type { Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
 import { kubeGet, statusError } from "./http.ts";
+import { abortableSleep, backoffDelay, monotonicMs } from "../time.ts";
 
 export type KubeObject = {
   kind?: string;
@@ -101,7 +102,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
   const idleTimeoutMs = opts.idleTimeoutMs ?? 150_000;
   const maxEventBytes = opts.maxEventBytes ?? defaultMaxEventBytes;
   const random = opts.random ?? Math.random;
-  const now = opts.now ?? (() => performance.now());
+  const now = opts.now ?? monotonicMs;
   const sleep = opts.sleep ?? abortableSleep;
   const target = `${path}?fieldSelector=${fieldSelector}`;
   const log = opts.log.with({ watch: path, fieldSelector });
@@ -391,12 +392,6 @@ export function nextRetry(prev: { failures: number; reason?: KubeError["reason"]
   return { failures: n, delayMs: backoffDelay(n, { initialMs: b.initialMs, maxMs }, random) };
 }
 
-/** The delay before retry number `failures` (1, 2, …): doubling from initialMs, capped, jittered to 50–100 %. */
-export function backoffDelay(failures: number, b: Pick<Backoff, "initialMs" | "maxMs">, random: number): number {
-  const ceiling = Math.min(b.maxMs, b.initialMs * 2 ** Math.max(0, failures - 1));
-  return ceiling / 2 + (ceiling / 2) * random;
-}
-
 /**
  * What a relist means to a handler that saw `known`: DELETED for objects that vanished (or were
  * replaced by a new object of the same name), ADDED for new ones, MODIFIED for changed ones, and
@@ -419,18 +414,4 @@ export function relistEvents<T extends KubeObject>(known: ReadonlyMap<string, T>
 
 function keyOf(o: KubeObject): string {
   return `${o.metadata?.namespace ?? ""}/${o.metadata?.name ?? ""}`;
-}
-
-/** setTimeout as a promise that resolves early when `signal` aborts. */
-export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done);
-    if (signal.aborted) done();
-  });
 }

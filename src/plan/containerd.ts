@@ -20,10 +20,10 @@
 import { parse, stringify, type TomlDate, TomlError } from "smol-toml";
 import type { CriConfig, PluginConfig, RegistryConfig } from "../api/cri-config.ts";
 import type { Result } from "../api/result.ts";
+import { paths } from "../api/paths.ts";
 
 export const containerdConfigFile = "/etc/containerd/config.toml";
 export const containerdBaseDir = "/etc/containerd";
-export const certsDir = "/etc/containerd/certs.d";
 export const confDir = "/etc/containerd/conf.d";
 export const importsGlob = `${confDir}/*.toml`;
 /** Gardener's ContainerDRuntimeContainersBinFolder: extensions install runtime shims (gVisor, Kata) here. */
@@ -123,13 +123,13 @@ export function containerdDesired(input: ContainerdInputs, where: string): Resul
       hostsFiles,
       pendingRegistries,
       upstreams: registries.map((r) => r.upstream),
-      directories: [runtimesBinDir, containerdBaseDir, confDir, certsDir],
+      directories: [runtimesBinDir, containerdBaseDir, confDir, paths.containerdHostsDir],
       envDropIn: { unit: "containerd.service", name: "30-env_config.conf", content: `[Service]\nEnvironment="PATH=${path}"\n` },
     },
   };
 }
 
-export const hostsTomlPath = (upstream: string): string => `${certsDir}/${upstream}/hosts.toml`;
+export const hostsTomlPath = (upstream: string): string => `${paths.containerdHostsDir}/${upstream}/hosts.toml`;
 
 /** hosts.toml in gardener-node-agent's exact layout (its template), so a node taken over sees no change. */
 export function renderHostsToml(r: RegistryConfig): string {
@@ -176,7 +176,7 @@ function patchConfig(input: ContainerdInputs, where: string, errors: string[]): 
   const l = layoutOf(version);
   const cri = input.criConfig;
 
-  setValue(doc, at([...l.registry, "config_path"]), certsDir);
+  setValue(doc, at([...l.registry, "config_path"]), paths.containerdHostsDir);
 
   const imports = doc.imports;
   if (!Array.isArray(imports)) setKey(doc, "imports", [importsGlob]);
@@ -239,7 +239,7 @@ function configVersion(doc: Table, label: string, errors: string[]): ConfigVersi
 function checkNoLegacyRegistry(doc: Table, registryPath: readonly string[], label: string, errors: string[]): void {
   const registry = lookup(doc, registryPath);
   if (!isTable(registry)) return;
-  const why = `containerd refuses it together with config_path, which trellis sets for the OSC's registries; move it to ${certsDir}/<registry>/hosts.toml`;
+  const why = `containerd refuses it together with config_path, which trellis sets for the OSC's registries; move it to ${paths.containerdHostsDir}/<registry>/hosts.toml`;
   const mirrors = registry.mirrors;
   if (isTable(mirrors) && Object.keys(mirrors).length > 0) errors.push(`${label}: ${keyPath([...registryPath, "mirrors"])}: ${why}`);
   const configs = registry.configs;

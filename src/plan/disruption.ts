@@ -1,7 +1,7 @@
 // Whether a plan disrupts the node: it restarts or stops a unit that counts (the Secret's
 // disruptive-units patterns; kubelet and containerd always). A plan that only writes files no unit
 // lists, or enables units, disrupts nothing and is never held back by a rollout budget. Pure.
-import type { Plan } from "./types.ts";
+import type { Plan } from "../api/plan.ts";
 
 export const alwaysDisruptive: readonly string[] = ["kubelet.service", "containerd.service"];
 

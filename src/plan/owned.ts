@@ -3,7 +3,8 @@
 import type { Desired } from "../api/desired.ts";
 import type { Owned, OwnedUnit } from "../api/state.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
-import type { Observed, Step } from "./types.ts";
+import type { Step } from "../api/plan.ts";
+import type { Observed } from "./types.ts";
 
 export function ownedAfter(owned: Owned, step: Step): Owned {
   const next: Owned = { version: 1, files: { ...owned.files }, units: { ...owned.units } };

@@ -13,7 +13,8 @@
 import type { Desired, DesiredUnit } from "../api/desired.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
-import type { Observed, Plan, Step } from "./types.ts";
+import type { Plan, Step } from "../api/plan.ts";
+import type { Observed } from "./types.ts";
 
 /** Gardener writes unit files and drop-ins 0600. */
 export const unitFileMode = 0o600;

@@ -1,5 +1,5 @@
 // `trellis plan` output for a person: one line per step, what and why, in execution order.
-import type { Plan, Step } from "./types.ts";
+import type { Plan, Step } from "../api/plan.ts";
 
 export function renderPlan(plan: Plan): string {
   if (plan.steps.length === 0) return `OSC ${short(plan.checksum)}: the node is up to date, nothing to do.`;

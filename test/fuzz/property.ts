@@ -27,7 +27,7 @@ import { ImageError, type ImageStore } from "../../src/host/registry/store.ts";
 import { createLogger, describeError } from "../../src/log.ts";
 import { unitFileMode } from "../../src/plan/plan.ts";
 import { describeStep } from "../../src/plan/render.ts";
-import { type Plan, PlanSchema, type Step } from "../../src/plan/types.ts";
+import { type Plan, PlanSchema, type Step } from "../../src/api/plan.ts";
 import { blobBytes, type FuzzCase } from "./case.ts";
 import { hostUnits } from "./generate.ts";
 import { type Entry, ModelDisk, ModelSystemd, unitNotFound } from "./model.ts";

@@ -157,7 +157,8 @@ describe("events", () => {
     const node = await core.readNode({ name: "node-c" });
     const ref = { name: "node-c", uid: node.metadata?.uid as string };
     let clock = new Date("2026-03-01T12:00:00Z");
-    const recorder = createEventRecorder({ kube: agent, log: createLogger({ write: () => {} }), now: () => clock });
+    // Both clocks step together here; the window is measured by the monotonic one.
+    const recorder = createEventRecorder({ kube: agent, log: createLogger({ write: () => {} }), now: () => clock, clock: () => clock.getTime() });
     const applied = { node: ref, type: "Normal", reason: "OSCApplied", message: "Operating system config applied (checksum abc)" } as const;
 
     expect(await recorder.record(applied)).toBeUndefined();
@@ -196,6 +197,18 @@ describe("events", () => {
     await recorder.record(applied);
     const bumped = (await listEvents("node-c")).filter((e) => e.message === applied.message && e.type === "Normal");
     expect(bumped.map((e) => e.count)).toEqual([1, 1]);
+  });
+
+  test("a wall-clock step does not end the aggregation window: the monotonic clock measures it", async () => {
+    const node = await core.readNode({ name: "node-c" });
+    const ref = { name: "node-c", uid: node.metadata?.uid as string };
+    let wall = new Date("2026-03-02T12:00:00Z");
+    const recorder = createEventRecorder({ kube: agent, log: createLogger({ write: () => {} }), now: () => wall, clock: () => 1_000 });
+    const drift = { node: ref, type: "Normal", reason: "WallStep", message: "the same event, an hour apart on the wall clock" } as const;
+    await recorder.record(drift);
+    wall = new Date("2026-03-02T13:00:00Z");
+    await recorder.record(drift);
+    expect((await listEvents("node-c")).filter((e) => e.reason === "WallStep").map((e) => e.count)).toEqual([2]);
   });
 
   test("a failure to record is logged and returned, never thrown", async () => {

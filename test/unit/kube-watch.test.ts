@@ -2,7 +2,8 @@
 // stream's lines (including the in-stream ERROR 410 that the e2e tests cannot make a real apiserver send).
 import { describe, expect, test } from "bun:test";
 import { statusError } from "../../src/kube/http.ts";
-import { backoffDelay, decodeWatchLine, type KubeObject, LineSplitter, nextRetry, relistEvents } from "../../src/kube/watch.ts";
+import { decodeWatchLine, type KubeObject, LineSplitter, nextRetry, relistEvents } from "../../src/kube/watch.ts";
+import { backoffDelay } from "../../src/time.ts";
 
 describe("backoffDelay", () => {
   const b = { initialMs: 500, maxMs: 30_000 };

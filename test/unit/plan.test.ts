@@ -7,7 +7,8 @@ import { type Desired, type DesiredFile, type DesiredUnit, sha256Hex, type UnitC
 import { dropInPath, unitFilePath } from "../../src/api/paths.ts";
 import { emptyOwned, type Owned, type OwnedUnit } from "../../src/api/state.ts";
 import { makePlan, unitFileMode } from "../../src/plan/plan.ts";
-import { type Observed, type Plan, PlanSchema, type Step } from "../../src/plan/types.ts";
+import { type Plan, PlanSchema, type Step } from "../../src/api/plan.ts";
+import type { Observed } from "../../src/plan/types.ts";
 import { prng } from "../harness/prng.ts";
 
 const SELF = "gardener-node-agent.service";

@@ -5,7 +5,7 @@ import { parseRolloutSettings, rolloutKeys, slotCount } from "../../src/api/roll
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
 import { disruptedUnits } from "../../src/plan/disruption.ts";
-import type { Plan } from "../../src/plan/types.ts";
+import type { Plan } from "../../src/api/plan.ts";
 import { prng } from "../harness/prng.ts";
 
 const src = "Secret kube-system/pool";
@@ -17,7 +17,7 @@ const ok = <T>(r: { ok: true; value: T } | { ok: false; errors: string[] }): T =
 
 describe("rollout settings on the Secret", () => {
   test("none: nothing changes (no budget, no windows, no canary)", () => {
-    expect(ok(settings({ "other/annotation": "x" }))).toEqual({ disruptiveUnits: ["*"], settleMs: 60_000, healthTimeoutMs: 300_000, probeTimeoutMs: 10_000, rollback: false });
+    expect(ok(settings({ "other/annotation": "x" }))).toEqual({ disruptiveUnits: ["*"], settleMs: 60_000, healthTimeoutMs: 300_000, probeTimeoutMs: 10_000, rollback: false, serialHoldLimitMs: 600_000 });
   });
 
   test("all of them", () => {

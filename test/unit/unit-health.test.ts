@@ -5,8 +5,10 @@ import { assessUnit, conditionOf, type UnitVerdict } from "../../src/controllers
 import type { UnitStatus } from "../../src/host/systemd.ts";
 
 const nowMs = Date.parse("2026-08-01T12:00:00Z");
+const sinceBootMs = 86_400_000;
 const stuckMs = 5 * 60_000;
-const ago = (ms: number) => new Date(nowMs - ms);
+/** A state change `ms` ago, on both of systemd's clocks. */
+const changed = (ms: number) => ({ stateChangeTimestamp: new Date(nowMs - ms), stateChangeSinceBootMs: sinceBootMs - ms });
 const running: UnitStatus = {
   name: "x.service",
   loadState: "loaded",
@@ -18,7 +20,7 @@ const running: UnitStatus = {
   serviceType: "simple",
   remainAfterExit: false,
   result: "success",
-  stateChangeTimestamp: ago(3_600_000),
+  ...changed(3_600_000),
 };
 const enabled: OwnedUnit = { enable: true, command: "start", dropIns: {} };
 const dead: Partial<UnitStatus> = { activeState: "inactive", subState: "dead", mainPID: 0 };
@@ -32,10 +34,12 @@ const cases: [string, OwnedUnit, Partial<UnitStatus>, Omit<UnitVerdict, "unit">]
   ["masked", enabled, { loadState: "masked", ...dead }, { health: "unhealthy", why: "not loaded (masked)" }],
   ["masked, and the OSC keeps it off", { ...enabled, enable: false }, { loadState: "masked", ...dead }, { health: "healthy" }],
   ["bad setting, and the OSC keeps it off", { ...enabled, enable: false }, { loadState: "bad-setting", ...dead }, { health: "unhealthy", why: "not loaded (bad-setting)" }],
-  ["activating within the threshold", enabled, { activeState: "activating", subState: "start", stateChangeTimestamp: ago(stuckMs - 1000) }, { health: "progressing", why: "activating (start) since 2026-08-01T11:55:01Z" }],
-  ["activating for the threshold", enabled, { activeState: "activating", subState: "start-pre", stateChangeTimestamp: ago(stuckMs) }, { health: "unhealthy", why: "stuck activating (start-pre) since 2026-08-01T11:55:00Z, longer than 5m" }],
-  ["deactivating too long", enabled, { activeState: "deactivating", subState: "stop-sigterm", stateChangeTimestamp: ago(stuckMs + 60_000) }, { health: "unhealthy", why: "stuck deactivating (stop-sigterm) since 2026-08-01T11:54:00Z, longer than 5m" }],
-  ["waiting to be restarted by Restart=", enabled, { activeState: "activating", subState: "auto-restart", stateChangeTimestamp: ago(stuckMs * 2) }, { health: "healthy" }],
+  ["activating within the threshold", enabled, { activeState: "activating", subState: "start", ...changed(stuckMs - 1000) }, { health: "progressing", why: "activating (start) since 2026-08-01T11:55:01Z" }],
+  ["activating for the threshold", enabled, { activeState: "activating", subState: "start-pre", ...changed(stuckMs) }, { health: "unhealthy", why: "stuck activating (start-pre) since 2026-08-01T11:55:00Z, longer than 5m" }],
+  ["deactivating too long", enabled, { activeState: "deactivating", subState: "stop-sigterm", ...changed(stuckMs + 60_000) }, { health: "unhealthy", why: "stuck deactivating (stop-sigterm) since 2026-08-01T11:54:00Z, longer than 5m" }],
+  ["the wall clock stepped back an hour: still progressing by the time since boot", enabled, { activeState: "activating", subState: "start", stateChangeTimestamp: new Date(nowMs + 3_600_000), stateChangeSinceBootMs: sinceBootMs - 1000 }, { health: "progressing", why: "activating (start) since 2026-08-01T13:00:00Z" }],
+  ["the wall clock stepped forward an hour: not stuck by the time since boot", enabled, { activeState: "activating", subState: "start", stateChangeTimestamp: new Date(nowMs - 3_600_000), stateChangeSinceBootMs: sinceBootMs - 1000 }, { health: "progressing", why: "activating (start) since 2026-08-01T11:00:00Z" }],
+  ["waiting to be restarted by Restart=", enabled, { activeState: "activating", subState: "auto-restart", ...changed(stuckMs * 2) }, { health: "healthy" }],
   ["enabled but inactive", enabled, dead, { health: "unhealthy", why: "inactive but enabled" }],
   ["a oneshot that has run", enabled, { ...dead, serviceType: "oneshot" }, { health: "healthy" }],
   ["a oneshot with RemainAfterExit that is inactive", enabled, { ...dead, serviceType: "oneshot", remainAfterExit: true }, { health: "unhealthy", why: "inactive but enabled" }],
@@ -49,7 +53,7 @@ const cases: [string, OwnedUnit, Partial<UnitStatus>, Omit<UnitVerdict, "unit">]
 
 describe("assessUnit", () => {
   test.each(cases)("%s", (_, want, status, verdict) => {
-    expect(assessUnit("x.service", want, { ...running, ...status }, stuckMs, nowMs)).toEqual({ unit: "x.service", ...verdict });
+    expect(assessUnit("x.service", want, { ...running, ...status }, stuckMs, sinceBootMs)).toEqual({ unit: "x.service", ...verdict });
   });
 });
 

@@ -16,6 +16,7 @@ import type { Logger } from "../../log.ts";
 import { EndpointsFailedError, explain, TransferError, type Attempt } from "./errors.ts";
 import { endpointUrl, type Capability, type Endpoint } from "./hosts.ts";
 import { sha256Digest } from "./reference.ts";
+import { monotonicMs } from "../../time.ts";
 
 export type Timeouts = {
   /** From sending a request until the response headers arrived (connect and TLS included). */
@@ -176,11 +177,12 @@ export class TokenCache {
   /** The challenge each origin last sent, so later requests carry a token without a 401 round trip first. */
   readonly challenges = new Map<string, Challenge>();
 
-  get(key: string, now = Date.now()): string | undefined {
+  // Token lifetimes are durations: measured on the monotonic clock.
+  get(key: string, now = monotonicMs()): string | undefined {
     const t = this.tokens.get(key);
     return t && t.expires > now ? t.token : undefined;
   }
-  set(key: string, token: string, lifetimeSeconds: number, now = Date.now()): void {
+  set(key: string, token: string, lifetimeSeconds: number, now = monotonicMs()): void {
     // A little early, so a token does not expire between check and use.
     this.tokens.set(key, { token, expires: now + Math.max(lifetimeSeconds - 10, 1) * 1000 });
   }
@@ -265,7 +267,7 @@ export class RegistryClient {
     for (const e of this.o.endpoints) {
       if (!e.capabilities.has(capability)) continue;
       if (this.o.signal?.aborted) throw abortReason(this.o.signal);
-      const started = Date.now();
+      const started = monotonicMs();
       try {
         const result = await attempt(e);
         this.fellThrough.push(...attempts);
@@ -276,7 +278,7 @@ export class RegistryClient {
         if (!(err instanceof TransferError)) throw err;
         const reason = explain(err);
         attempts.push({ endpoint: endpointUrl(e), reason, ...(err instanceof StatusError ? { status: err.status } : {}) });
-        this.o.log.debug("registry endpoint failed", { what, endpoint: endpointUrl(e), reason, ms: Date.now() - started });
+        this.o.log.debug("registry endpoint failed", { what, endpoint: endpointUrl(e), reason, ms: Math.round(monotonicMs() - started) });
       }
     }
     throw new EndpointsFailedError(what, attempts);
@@ -298,11 +300,11 @@ export class RegistryClient {
       const own = settingsFor(e, !left);
       const headers: Record<string, string | string[]> = { "user-agent": userAgent, ...own.headers, ...extra };
       if (token !== undefined && !left) headers.authorization = `Bearer ${token}`;
-      const started = Date.now();
+      const started = monotonicMs();
       const res = await send(url, { method, headers, tls: own.tls, timeouts: this.o.timeouts, signal: this.o.signal }).catch((err: unknown) => {
         throw hop > 0 && err instanceof TransferError ? new TransferError(`redirected to ${url.origin}${url.pathname}: ${explain(err)}`, { cause: err }) : err;
       });
-      this.o.log.debug("registry request", { method, url: url.href, status: res.status, ms: Date.now() - started });
+      this.o.log.debug("registry request", { method, url: url.href, status: res.status, ms: Math.round(monotonicMs() - started) });
       if (res.status === 401 && !challenged && !left) {
         res.discard();
         challenged = true;

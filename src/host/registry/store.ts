@@ -22,6 +22,8 @@ import { HostsConfigError, loadEndpoints } from "./hosts.ts";
 import { scanLayer, searchLayers, type FileSink, type LayerVerdict } from "./layers.ts";
 import { isImageConfig, parseManifest, pickPlatform, type Descriptor, type Manifest } from "./manifest.ts";
 import { InvalidReferenceError, parseImageReference, type ImageReference } from "./reference.ts";
+import { monotonicMs } from "../../time.ts";
+import { serializer } from "../../loops.ts";
 
 export { ImageError } from "./errors.ts";
 
@@ -248,12 +250,8 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
 
   // Index updates are read-modify-write: one at a time in this process. The index is re-read each time,
   // so another trellis process on the node (`trellis plan` next to the agent) loses at most its own update.
-  let queue: Promise<unknown> = Promise.resolve();
-  const serialised = <T>(fn: () => Promise<T>): Promise<T> => {
-    const run = queue.then(fn, fn);
-    queue = run.catch(() => undefined);
-    return run;
-  };
+  const indexUpdates = serializer();
+  const serialised = <T>(fn: () => Promise<T>): Promise<T> => indexUpdates.run(fn);
 
   let ready: Promise<void> | undefined;
   const init = () => {
@@ -385,7 +383,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   }
 
   async function extract(req: ImageFileRequest, { signal, hostsToml, inUse }: ExtractOptions = {}): Promise<ExtractedFile> {
-    const started = Date.now();
+    const started = monotonicMs();
     const fail = (reason: string, cause?: unknown) => new ImageError(req.image, req.filePathInImage, reason, { cause });
     let path: string;
     let ref: ImageReference;
@@ -474,7 +472,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
         manifestDigest,
         sha256: found.sha256,
         size: found.size,
-        ms: Date.now() - started,
+        ms: Math.round(monotonicMs() - started),
       });
       return result(located, true);
     } catch (err) {

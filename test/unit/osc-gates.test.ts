@@ -1,0 +1,78 @@
+// The OSC controller's gating decisions (src/controllers/osc-gates.ts) and the clock the reconciliation
+// delay is measured by across restarts and reboots (src/host/boot-clock.ts).
+import { describe, expect, test } from "bun:test";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
+import { elapsedBetween } from "../../src/host/boot-clock.ts";
+
+describe("gatesFor: which gates an OSC passes on this node", () => {
+  const base = { checksum: "new", serial: true };
+  test.each([
+    ["trellis's state records another OSC: an update", { stateApplied: "old", nodeApplied: "old" }, { kind: "update", delay: true, serial: true, admit: true }],
+    ["state lost, the Node shows another OSC applied: still an update", { stateApplied: undefined, nodeApplied: "old" }, { kind: "update", delay: true, serial: true, admit: true }],
+    ["taken over from gardener-node-agent (its checksum on the Node, no trellis state)", { stateApplied: undefined, nodeApplied: "gna" }, { kind: "update", delay: true, serial: true, admit: true }],
+    ["a fresh node: the serial lease only", { stateApplied: undefined, nodeApplied: undefined }, { kind: "fresh", delay: false, serial: true, admit: false }],
+    ["this OSC is applied: no gate", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: false, admit: false }],
+    ["state lost, the Node shows this OSC applied: no gate", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: false }],
+    ["the state decides over the Node (it may not be patched yet)", { stateApplied: "old", nodeApplied: "new" }, { kind: "update", delay: true, serial: true, admit: true }],
+  ] as const)("%s", (_, applied, gates) => {
+    expect(gatesFor({ ...base, ...applied })).toEqual(gates);
+  });
+  test("no serial lease without the Secret's serial annotation", () => {
+    expect(gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: false }).serial).toBe(false);
+    expect(gatesFor({ checksum: "new", stateApplied: undefined, nodeApplied: undefined, serial: false }).serial).toBe(false);
+  });
+});
+
+describe("the reconciliation delay", () => {
+  test("parseDelay: absent is none, a bad or negative value is none and says so", () => {
+    expect(parseDelay(undefined)).toEqual({ ms: 0 });
+    expect(parseDelay("1m30s")).toEqual({ ms: 90_000 });
+    expect(parseDelay("soon")).toEqual({ ms: 0, unparsable: "soon" });
+    expect(parseDelay("-5s")).toEqual({ ms: 0, unparsable: "-5s" });
+  });
+  test("delayLeft never goes below zero", () => {
+    expect(delayLeft(60_000, 20_000)).toBe(40_000);
+    expect(delayLeft(60_000, 90_000)).toBe(0);
+  });
+  const boot = "b1";
+  const seen = { bootId: boot, uptimeMs: 1_000_000, wallMs: Date.parse("2026-11-25T12:00:00Z") };
+  test("within a boot the time since boot counts: a wall-clock step changes nothing", () => {
+    expect(elapsedBetween(seen, { bootId: boot, uptimeMs: 1_030_000, wallMs: seen.wallMs + 3_600_000 })).toBe(30_000);
+    expect(elapsedBetween(seen, { bootId: boot, uptimeMs: 1_030_000, wallMs: seen.wallMs - 3_600_000 })).toBe(30_000);
+  });
+  test("across a reboot the wall clock spans the gap; one that went backwards counts as no time", () => {
+    expect(elapsedBetween(seen, { bootId: "b2", uptimeMs: 5_000, wallMs: seen.wallMs + 120_000 })).toBe(120_000);
+    expect(elapsedBetween(seen, { bootId: "b2", uptimeMs: 5_000, wallMs: seen.wallMs - 120_000 })).toBe(0);
+  });
+});
+
+describe("the serial lease's hold limit", () => {
+  const hold = { checksum: "c", sinceMs: 1000, failures: 3, lastError: "disk full" };
+  test("a failing apply keeps the lease within the limit and gives it up at the limit", () => {
+    expect(giveUpSerialLease(hold, 1000 + 599_999, 600_000)).toBe(false);
+    expect(giveUpSerialLease(hold, 1000 + 600_000, 600_000)).toBe(true);
+  });
+  test("after giving it up, the node waits a cool-off for that OSC only", () => {
+    const gaveUp = { checksum: "c", atMs: 10_000 };
+    expect(serialCoolOffLeft(gaveUp, "c", 15_000, 60_000)).toBe(55_000);
+    expect(serialCoolOffLeft(gaveUp, "c", 70_000, 60_000)).toBe(0);
+    expect(serialCoolOffLeft(gaveUp, "other", 15_000, 60_000)).toBe(0);
+    expect(serialCoolOffLeft(undefined, "c", 15_000, 60_000)).toBe(0);
+  });
+});
+
+describe("firstHold: what an OSC waits for before asking the cluster for anything", () => {
+  const update = gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: true });
+  const fresh = gatesFor({ checksum: "new", stateApplied: undefined, nodeApplied: undefined, serial: true });
+  const current = gatesFor({ checksum: "new", stateApplied: "new", nodeApplied: undefined, serial: true });
+  test("the delay first, then the cool-off after giving the serial lease up", () => {
+    expect(firstHold(update, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 5000, why: "reconciliation delay over" });
+    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000, why: "serial lease cool-off over" });
+    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 0 })).toBeUndefined();
+  });
+  test("a fresh node is not delayed but cools off; the OSC already applied waits for nothing", () => {
+    expect(firstHold(fresh, { delayLeftMs: 5000, coolOffLeftMs: 0 })).toBeUndefined();
+    expect(firstHold(fresh, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000 });
+    expect(firstHold(current, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toBeUndefined();
+  });
+});
