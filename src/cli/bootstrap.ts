@@ -21,7 +21,9 @@ import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } f
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
+import { stateLockPath } from "../apply/state-store.ts";
 import { createFiles, type Files } from "../host/files.ts";
+import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd, type Systemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, machineName, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
@@ -59,10 +61,17 @@ export async function run(args: string[]): Promise<number> {
   const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel }).with({ command: "bootstrap" });
   log.info("bootstrap starting", { config: file });
   const files = createFiles("/");
+  // Steps a and b write the agent's credentials: not while an agent (or apply) runs. Released before c starts the agent.
+  const lock = await lockStateDir(stateLockPath, "bootstrap");
   const systemd = createSystemd({ log });
   try {
-    const renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
-    await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
+    let renewed: boolean;
+    try {
+      renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
+      await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
+    } finally {
+      lock.release();
+    }
     await step(`c. ${agentUnit}`, () => installAgentUnit({ files, systemd, log, configDir, restart: renewed }));
     await step(`d. ${initUnit}`, () => disableInitUnit({ systemd, log }));
   } finally {

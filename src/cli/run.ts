@@ -6,7 +6,7 @@ import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, paths } from "../api/paths.ts";
-import { createStateStore, removeLeftoverTemp } from "../apply/state-store.ts";
+import { createStateStore, removeLeftoverTemp, stateLockPath } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
 import { startHealthController } from "../controllers/health.ts";
@@ -21,6 +21,7 @@ import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
+import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
@@ -59,10 +60,12 @@ export async function run(args: string[]): Promise<number> {
   const controllers = config.controllers;
   log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
 
+  // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
+  const lock = await lockStateDir(stateLockPath, "run");
   const files = createFiles("/");
   const systemd = createSystemd({ log });
   const store = createStateStore(files);
-  // Before anything writes there: what an agent killed mid-write left behind.
+  // Before anything writes there (and only now that no other trellis can): what an agent killed mid-write left behind.
   await removeLeftoverTemp(files).then(
     (removed) => removed.length > 0 && log.info("removed temp files a killed agent left", { files: removed }),
     (err: unknown) => log.warn("could not remove temp files a killed agent left", { error: describeError(err) }),
@@ -137,5 +140,6 @@ export async function run(args: string[]): Promise<number> {
   await servers.stop();
   await status.close();
   systemd.close();
+  lock.release();
   return 0;
 }

@@ -207,18 +207,34 @@ describe("bootstrap with a bootstrap token", () => {
     expect(journal).not.toContain(text.match(/client-key-data: (\S+)/)?.[1] as string);
   }, 180_000);
 
-  test("run again: nothing is requested or restarted", async () => {
+  test("run again while the agent runs: refused naming the agent's PID, as `trellis apply` is; nothing requested or restarted", async () => {
     const { node, token } = m;
     const before = { kubeconfig: await node.readFile(kubeconfigPath), pid: (await unitState(node, agentUnit)).MainPID };
     const r = await node.exec([bin, "bootstrap", "--config-dir", base]);
-    expect(r.code).toBe(0);
-    expect(r.stderr).toContain("the agent's kubeconfig is valid; no client certificate is requested");
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain(`trellis bootstrap: another trellis is running on this machine: PID ${before.pid} (trellis run, since `);
+    // Refused before the OSC file is even read.
+    const apply = await node.exec([bin, "apply", "--osc", "/nonexistent.yaml"]);
+    expect(apply.code).toBe(1);
+    expect(apply.stderr).toContain(`trellis apply: another trellis is running on this machine: PID ${before.pid} (trellis run, since `);
     expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([csrName]);
     expect(await node.readFile(kubeconfigPath)).toBe(before.kubeconfig);
     expect((await unitState(node, agentUnit)).MainPID).toBe(before.pid);
   }, 60_000);
 
-  test("its certificate expired: a new CSR, and the running agent restarted onto the new kubeconfig", async () => {
+  test("run again with the agent stopped: nothing is requested, the agent started again", async () => {
+    const { node, token } = m;
+    const kubeconfig = await node.readFile(kubeconfigPath);
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    const r = await node.exec([bin, "bootstrap", "--config-dir", base]);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain("the agent's kubeconfig is valid; no client certificate is requested");
+    expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([csrName]);
+    expect(await node.readFile(kubeconfigPath)).toBe(kubeconfig);
+    expect((await unitState(node, agentUnit)).ActiveState).toBe("active");
+  }, 60_000);
+
+  test("its certificate expired while the agent was stopped: a new CSR, and the agent started with the new kubeconfig", async () => {
     const { node, token, user } = m;
     const expired = await issueClientCert({
       dir: runDir("bootstrap-e2e"),
@@ -228,15 +244,16 @@ describe("bootstrap with a bootstrap token", () => {
       notAfter: new Date(Date.now() - 3_600_000),
       ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile },
     });
-    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
     const pid = (await unitState(node, agentUnit)).MainPID;
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
     const bootstrap = node.exec([bin, "bootstrap", `--config-dir=${base}`]);
     const csr = await waitForCsr(cluster, "a second CSR", (c) => c.spec.username === token.user && c.metadata?.name !== csrName);
     await decideCsr(cluster, csr.metadata?.name as string, "Approved", "TestApproved", "expired certificate");
     const r = await bootstrap;
     expect(r.code).toBe(0);
     expect(r.stderr).toContain(`"because":"its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}"`);
-    expect(r.stderr).toContain("restarted the agent's unit (it had the old kubeconfig)");
+    expect(r.stderr).toContain("started the agent's unit");
     const cert = readClientCertificate(await node.readFile(kubeconfigPath));
     expect(cert?.notAfter.getTime()).toBeGreaterThan(Date.now() + 719 * 3_600_000);
     const after = await unitState(node, agentUnit);
