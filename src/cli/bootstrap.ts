@@ -194,11 +194,17 @@ export async function installAgentUnit(o: { files: Files; systemd: Systemd; log:
   // Always: a run interrupted between writing the unit and reloading must still end with systemd knowing it.
   await systemd.daemonReload();
   log.info("enabled the agent's unit", { unit: agentUnit, symlinksCreated: changes.length });
-  // An agent already running (a node bootstrapped again) started with the old kubeconfig: it must read the new one.
-  const restart = o.restart && (await systemd.unitStatus(agentUnit)).activeState === "active";
-  if (restart) await systemd.restart(agentUnit);
-  else await systemd.start(agentUnit);
-  log.info(restart ? "restarted the agent's unit (it had the old kubeconfig)" : "started the agent's unit", { unit: agentUnit });
+  // An agent already running (started by someone in the moment since bootstrap let go of the lock) may
+  // have the old kubeconfig: it must read the new one.
+  const active = (await systemd.unitStatus(agentUnit)).activeState === "active";
+  if (active && !o.restart) {
+    log.info("the agent's unit is running", { unit: agentUnit });
+    return;
+  }
+  // Queued, not waited for: the unit is Type=notify, and its start job ends only when the agent's
+  // first reconcile did (an apply that may download images for minutes).
+  await systemd.queueRestart(agentUnit);
+  log.info(active ? "restarted the agent's unit (it had the old kubeconfig)" : "started the agent's unit", { unit: agentUnit });
 }
 
 /** Step d: disabled only — stopping it would stop this very command. A machine without it is fine. */

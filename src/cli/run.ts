@@ -21,12 +21,13 @@ import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
+import { startSystemdNotify } from "../host/notify.ts";
 import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
 import { createEventRecorder } from "../kube/events.ts";
-import { createLogger, describeError } from "../log.ts";
+import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
@@ -51,8 +52,9 @@ export async function run(args: string[]): Promise<number> {
     return 0;
   }
   if (!values["config-dir"]) throw new UsageError(`--config-dir is required\n\n${help}`);
-  const { file, config } = loadAgentConfig(values["config-dir"]);
-  const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel });
+  const configDir = values["config-dir"];
+  const { file, config } = loadAgentConfig(configDir);
+  const log = createLogger({ level: config.logLevel });
   const connection = connectionFor(config, process.env, existsSync);
   const kube = kubeFromConnection(connection);
   if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
@@ -62,6 +64,7 @@ export async function run(args: string[]): Promise<number> {
 
   // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
   const lock = await lockStateDir(stateLockPath, "run");
+  const notify = startSystemdNotify({ log });
   const files = createFiles("/");
   const systemd = createSystemd({ log });
   const store = createStateStore(files);
@@ -97,10 +100,7 @@ export async function run(args: string[]): Promise<number> {
     secretName: controllers.operatingSystemConfig.secretName,
     stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
   });
-  const running: Controller[] = [
-    node,
-    rollout,
-    startOscController({
+  const osc = startOscController({
       kube,
       files,
       systemd,
@@ -116,10 +116,15 @@ export async function run(args: string[]): Promise<number> {
       hostName,
       selfUnit: agentUnit,
       selfBinary: realpathSync(process.execPath),
-      configDir: resolve(values["config-dir"]),
+      configDir: resolve(configDir),
       images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
       rollout,
-    }),
+    });
+  void osc.firstReconcile.then(() => notify.ready("the first reconcile finished"));
+  const running: Controller[] = [
+    node,
+    rollout,
+    osc,
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
@@ -133,13 +138,30 @@ export async function run(args: string[]): Promise<number> {
       : []),
   ];
   for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
+  const reloadLogLevel = () => reloadLevel(configDir, log);
+  process.on("SIGHUP", reloadLogLevel);
   const reason = await stopRequested;
+  process.off("SIGHUP", reloadLogLevel);
+  notify.stopping();
   log.info("trellis stopping", { reason });
   // Controllers first (the OSC controller finishes the step it is in), then the servers and the bus.
   await Promise.all(running.map((c) => c.stop()));
   await servers.stop();
   await status.close();
   systemd.close();
+  notify.close();
   lock.release();
   return 0;
+}
+
+/** SIGHUP (the unit's ExecReload): the configuration's log level, read again; a configuration that no longer reads keeps the old one. */
+function reloadLevel(configDir: string, log: Logger): void {
+  try {
+    const { file, config } = loadAgentConfig(configDir);
+    // Said before the change, at the level in force until then: a level raised to error would hide it.
+    log.info("log level set from the configuration (SIGHUP)", { config: file, logLevel: config.logLevel });
+    log.setLevel(config.logLevel);
+  } catch (err) {
+    log.error("SIGHUP: could not read the configuration again; the log level stays", { error: describeError(err) });
+  }
 }

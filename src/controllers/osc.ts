@@ -92,6 +92,8 @@ type OscControllerStatus = {
 export type OscController = {
   /** Resolves once the Secret's first LIST has been delivered. */
   synced: Promise<void>;
+  /** Resolves once the first reconcile ended, whatever its result (the agent tells systemd it is ready). */
+  firstReconcile: Promise<void>;
   stop(): Promise<void>;
 };
 
@@ -122,6 +124,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let running: Promise<void> | undefined;
   let pending = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let reconciled: () => void = () => {};
+  const firstReconcile = new Promise<void>((done) => (reconciled = done));
   const trigger = (why: string) => {
     if (stopped) return;
     if (running) {
@@ -144,6 +148,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
         duration.observe((now() - started) / 1000);
         reconciles.inc({ result: status.lastResult ?? "error" });
         report();
+        reconciled();
         schedule(wait);
       } while (pending && !stopped);
       running = undefined;
@@ -572,6 +577,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   return {
     synced,
+    firstReconcile,
     stop: async () => {
       stopped = true;
       stopping.abort(new Error("the agent is stopping"));

@@ -175,7 +175,7 @@ describe("bootstrap with a bootstrap token", () => {
     expect(await node.readFile(`/etc/systemd/system/${agentUnit}`)).toBe(agentUnitContent({ configDir: base }));
     expect(await modeOf(node, `/etc/systemd/system/${agentUnit}`)).toBe("644");
     expect((await node.exec(["systemctl", "is-enabled", agentUnit])).stdout.trim()).toBe("enabled");
-    expect((await unitState(node, agentUnit)).ActiveState).toBe("active");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
 
     // kubelet's bootstrap kubeconfig, from the bootstrap token; the token itself stays for the agent to delete.
     expect(await modeOf(node, "/var/lib/kubelet/kubeconfig-bootstrap")).toBe("600");
@@ -231,7 +231,7 @@ describe("bootstrap with a bootstrap token", () => {
     expect(r.stderr).toContain("the agent's kubeconfig is valid; no client certificate is requested");
     expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([csrName]);
     expect(await node.readFile(kubeconfigPath)).toBe(kubeconfig);
-    expect((await unitState(node, agentUnit)).ActiveState).toBe("active");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
   }, 60_000);
 
   test("its certificate expired while the agent was stopped: a new CSR, and the agent started with the new kubeconfig", async () => {
@@ -256,9 +256,8 @@ describe("bootstrap with a bootstrap token", () => {
     expect(r.stderr).toContain("started the agent's unit");
     const cert = readClientCertificate(await node.readFile(kubeconfigPath));
     expect(cert?.notAfter.getTime()).toBeGreaterThan(Date.now() + 719 * 3_600_000);
-    const after = await unitState(node, agentUnit);
-    expect(after.ActiveState).toBe("active");
-    expect(after.MainPID).not.toBe(pid);
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+    expect((await unitState(node, agentUnit)).MainPID).not.toBe(pid);
   }, 120_000);
 });
 
