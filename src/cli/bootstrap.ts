@@ -119,7 +119,11 @@ export async function ensureAgentCredentials(o: {
   const server = config.apiServer.server;
   if (!server) throw new Error(`${paths.kubeconfig} is ${problem}, and apiServer.server, needed to request a client certificate, is not set`);
   if (!(await files.stat(paths.bootstrapToken))) {
-    throw new Error(`${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with`);
+    throw new Error(
+      `${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with. ` +
+        `An operator must either write a bootstrap token (<token-id>.<token-secret> of a bootstrap-token Secret in kube-system, allowed to create CSRs) to ${paths.bootstrapToken}, ` +
+        `or replace ${paths.kubeconfig} with a kubeconfig holding a valid client certificate; then restart ${agentUnit}`,
+    );
   }
   const caFile = config.apiServer.caFile || paths.clusterCa;
   const machine = await machineName(files, o.hostName);

@@ -26,6 +26,7 @@ import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
+import { defaultWaitMs } from "../kube/csr.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
@@ -33,6 +34,7 @@ import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
 import { commit, version } from "../version.ts";
 import { loadAgentConfig } from "./agent-config.ts";
+import { ensureAgentCredentials } from "./bootstrap.ts";
 import { UsageError } from "./errors.ts";
 
 const help = `usage: trellis run --config-dir DIR [--hostname NAME]
@@ -55,17 +57,23 @@ export async function run(args: string[]): Promise<number> {
   const configDir = values["config-dir"];
   const { file, config } = loadAgentConfig(configDir);
   const log = createLogger({ level: config.logLevel });
-  const connection = connectionFor(config, process.env, existsSync);
-  const kube = kubeFromConnection(connection);
-  if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
   const hostName = values.hostname ?? hostname();
   const controllers = config.controllers;
-  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
-
   // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
   const lock = await lockStateDir(stateLockPath, "run");
   const notify = startSystemdNotify({ log });
   const files = createFiles("/");
+  const connection = connectionFor(config, process.env, existsSync);
+  // A client certificate that expired while the machine was off cannot renew itself (the certificate
+  // controller renews with it): a new one is requested with the bootstrap token, as `bootstrap` would,
+  // or the agent ends saying what an operator must do.
+  if (connection.kind === "kubeconfig" && connection.path === paths.kubeconfig) {
+    await ensureAgentCredentials({ config, files, log, waitMs: defaultWaitMs, hostName });
+  }
+  const kube = kubeFromConnection(connection);
+  if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
+  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
+
   const systemd = createSystemd({ log });
   const store = createStateStore(files);
   // Before anything writes there (and only now that no other trellis can): what an agent killed mid-write left behind.

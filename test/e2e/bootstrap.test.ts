@@ -236,14 +236,7 @@ describe("bootstrap with a bootstrap token", () => {
 
   test("its certificate expired while the agent was stopped: a new CSR, and the agent started with the new kubeconfig", async () => {
     const { node, token, user } = m;
-    const expired = await issueClientCert({
-      dir: runDir("bootstrap-e2e"),
-      commonName: user,
-      organizations: ["gardener.cloud:node-agents"],
-      notBefore: new Date(Date.now() - 2 * 3_600_000),
-      notAfter: new Date(Date.now() - 3_600_000),
-      ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile },
-    });
+    const expired = await expiredCertificate(user);
     const pid = (await unitState(node, agentUnit)).MainPID;
     await node.execOk(["systemctl", "stop", agentUnit]);
     await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
@@ -259,6 +252,62 @@ describe("bootstrap with a bootstrap token", () => {
     await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
     expect((await unitState(node, agentUnit)).MainPID).not.toBe(pid);
   }, 120_000);
+
+  test("the agent started with a certificate that expired while the machine was off: it requests a new one with the bootstrap token itself and goes on", async () => {
+    const { node, token, user } = m;
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    const expired = await expiredCertificate(user);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
+    const earlier = new Set((await csrsOf(token.user)).map((c) => c.metadata?.name));
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const csr = await waitForCsr(cluster, "a CSR from the agent", (c) => c.spec.username === token.user && !earlier.has(c.metadata?.name));
+    await decideCsr(cluster, csr.metadata?.name as string, "Approved", "TestApproved", "expired while off");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+    const cert = readClientCertificate(await node.readFile(kubeconfigPath));
+    expect(cert?.commonName).toBe(user);
+    expect(cert?.notAfter.getTime()).toBeGreaterThan(Date.now() + 719 * 3_600_000);
+    const journal = await node.execOk(["journalctl", "-u", agentUnit, "-o", "cat", "--no-pager"]);
+    expect(journal).toContain(`"msg":"requesting a client certificate with the bootstrap token","kubeconfig":"${kubeconfigPath}","because":"its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}"`);
+  }, 120_000);
+});
+
+/** A client certificate of `user` whose life ended an hour ago. */
+function expiredCertificate(user: string) {
+  return issueClientCert({
+    dir: runDir("bootstrap-e2e"),
+    commonName: user,
+    organizations: ["gardener.cloud:node-agents"],
+    notBefore: new Date(Date.now() - 2 * 3_600_000),
+    notAfter: new Date(Date.now() - 3_600_000),
+    ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile },
+  });
+}
+
+describe("an expired certificate and no bootstrap token", () => {
+  test("the agent ends with an error (journald priority err) that says what an operator must do, and requests nothing", async () => {
+    const { node, user, token } = await prepareNode("expired", { token: false });
+    const expired = await expiredCertificate(user);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
+    await node.writeFile(`/etc/systemd/system/${agentUnit}`, agentUnitContent({ configDir: base }));
+    await node.execOk(["systemctl", "daemon-reload"]);
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const said = await waitFor(
+      "the agent's error",
+      async () => {
+        const out = await node.execOk(["journalctl", "-u", agentUnit, "-p", "err", "-o", "cat", "--no-pager"]);
+        return out.includes("trellis run: ") ? out : undefined;
+      },
+      30_000,
+      200,
+    );
+    expect(said).toContain(
+      `trellis run: ${kubeconfigPath} is its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}, and there is no bootstrap token ${base}/credentials/bootstrap-token to request a client certificate with. ` +
+        `An operator must either write a bootstrap token (<token-id>.<token-secret> of a bootstrap-token Secret in kube-system, allowed to create CSRs) to ${base}/credentials/bootstrap-token, ` +
+        `or replace ${kubeconfigPath} with a kubeconfig holding a valid client certificate; then restart ${agentUnit}`,
+    );
+    expect(await csrsOf(token.user)).toEqual([]);
+    await node.execOk(["systemctl", "stop", agentUnit]);
+  }, 60_000);
 });
 
 describe("a CSR that is not approved", () => {
