@@ -202,6 +202,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }, "counter");
   const synced = secretWatch.synced.then(() => {
     status.synced = true;
+    // No Secret in the first list: one reconcile says so (waiting), and it counts as the first one.
+    if (!secret) trigger("no OSC Secret yet");
   });
 
   // Kubelet updates the Node all the time: only the rollout annotation concerns this controller, and
