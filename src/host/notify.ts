@@ -1,6 +1,7 @@
 // sd_notify(3) for the agent's Type=notify unit: READY=1 once the first reconcile finished, WATCHDOG=1
 // from a timer on the event loop (a hung loop sends none, and systemd's WatchdogSec= kills and restarts
 // the agent), STOPPING=1 when it stops. Outside systemd (no NOTIFY_SOCKET) it does nothing.
+import { setInterval } from "node:timers";
 import type { Logger } from "../log.ts";
 import { sendUnixDatagram } from "../runtime.ts";
 
@@ -41,5 +42,6 @@ function watchdogTimer(env: Record<string, string | undefined>, ping: () => void
   if (!env.NOTIFY_SOCKET || !Number.isInteger(usec) || usec <= 0) return undefined;
   if (env.WATCHDOG_PID && Number(env.WATCHDOG_PID) !== process.pid) return undefined;
   ping();
-  return setInterval(ping, Math.max(1, Math.floor(usec / 2000)));
+  // Unref'd: the pings must not keep alive an agent whose start failed (it would hang, fed, forever).
+  return setInterval(ping, Math.max(1, Math.floor(usec / 2000))).unref();
 }

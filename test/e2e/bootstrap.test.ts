@@ -306,6 +306,8 @@ describe("an expired certificate and no bootstrap token", () => {
         `or replace ${kubeconfigPath} with a kubeconfig holding a valid client certificate; then restart ${agentUnit}`,
     );
     expect(await csrsOf(token.user)).toEqual([]);
+    // The process ended (its watchdog timer does not keep it alive), and systemd tries again.
+    await waitFor("the agent restarted by systemd", async () => Number((await node.execOk(["systemctl", "show", "-P", "NRestarts", agentUnit])).trim()) >= 1, 30_000, 200);
     await node.execOk(["systemctl", "stop", agentUnit]);
   }, 60_000);
 });
