@@ -96,29 +96,12 @@ export async function run(args: string[]): Promise<number> {
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 
-  const rollout = startRollout({
-    kube,
-    files,
-    systemd,
-    store,
-    events,
-    node,
-    status,
-    log,
-    secretName: controllers.operatingSystemConfig.secretName,
-    stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
-  });
+  // What the rollout and the OSC controller both work with: the one OSC Secret applied to this node.
+  const applying = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
+  const rollout = startRollout({ ...applying, stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold });
   const osc = startOscController({
-    kube,
-    files,
-    systemd,
-    store,
-    events,
-    node,
-    status,
+    ...applying,
     metrics,
-    log,
-    secretName: controllers.operatingSystemConfig.secretName,
     kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
     syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
     hostName,
