@@ -205,6 +205,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // No Secret in the first list: one reconcile says so (waiting), and it counts as the first one.
     if (!secret) trigger("no OSC Secret yet");
   });
+  // Rejected only when the agent stops before the first list arrived (the API server unreachable):
+  // whoever awaits `synced` sees that, but the stop itself must not end in an unhandled rejection.
+  synced.catch(() => undefined);
 
   // Kubelet updates the Node all the time: only the rollout annotation concerns this controller, and
   // the labels when the Secret has overlays (they pick by label).
