@@ -1,6 +1,15 @@
 // The one module that may touch runtime-specific globals (Bun.*, Deno.*): everything else in src/
 // uses node: built-ins and web APIs, so the source stays runnable under both Bun and Deno.
-type RuntimeGlobals = { Bun?: { version: string }; Deno?: { version: { deno: string } } };
+//
+// Two system calls the node: built-ins lack are made here through the runtime's FFI into libc:
+// flock(2) (the state directory's lock: held by the kernel for the open file, so it goes with the
+// process however it ends, and a reused PID can never look like its holder) and a datagram to a unix
+// socket (sd_notify: node:dgram speaks only UDP, under Bun too).
+type DenoFfi = {
+  dlopen(path: string, symbols: Record<string, { parameters: string[]; result: string }>): { symbols: Record<string, (...args: unknown[]) => unknown> };
+  UnsafePointerView: new (p: unknown) => { getInt32(): number };
+};
+type RuntimeGlobals = { Bun?: { version: string }; Deno?: { version: { deno: string } } & DenoFfi };
 const g = globalThis as RuntimeGlobals;
 
 /** "bun 1.4.5", "deno 2.9.6" or "node 22.x" — for version output and diagnostics. */
@@ -8,4 +17,97 @@ export function runtimeName(): string {
   if (g.Bun) return `bun ${g.Bun.version}`;
   if (g.Deno) return `deno ${g.Deno.version.deno}`;
   return `node ${process.versions.node}`;
+}
+
+type Libc = {
+  flock(fd: number, op: number): number;
+  socket(domain: number, type: number, protocol: number): number;
+  sendto(fd: number, buf: Uint8Array, len: number, flags: number, addr: Uint8Array, addrLen: number): number;
+  errno(): number;
+};
+
+// Linux values (x86_64 and arm64 agree on all of them).
+const LOCK_EX = 2;
+const LOCK_NB = 4;
+const EINTR = 4;
+const EWOULDBLOCK = 11;
+const AF_UNIX = 1;
+const SOCK_DGRAM = 2;
+const SOCK_CLOEXEC = 0o2000000;
+const MSG_NOSIGNAL = 0x4000;
+
+let libc: Libc | undefined;
+async function openLibc(): Promise<Libc> {
+  if (libc) return libc;
+  if (g.Bun) {
+    // A specifier in a variable: deno check must not try to resolve Bun's built-in module.
+    const spec = "bun:ffi";
+    const ffi = (await import(spec)) as {
+      dlopen(path: string, symbols: Record<string, { args: string[]; returns: string }>): { symbols: Record<string, (...args: unknown[]) => unknown> };
+      read: { i32(p: unknown, offset: number): number };
+    };
+    const { symbols: s } = ffi.dlopen("libc.so.6", {
+      flock: { args: ["i32", "i32"], returns: "i32" },
+      socket: { args: ["i32", "i32", "i32"], returns: "i32" },
+      sendto: { args: ["i32", "ptr", "usize", "i32", "ptr", "u32"], returns: "isize" },
+      __errno_location: { args: [], returns: "ptr" },
+    });
+    libc = {
+      flock: (fd, op) => s.flock!(fd, op) as number,
+      socket: (d, t, p) => s.socket!(d, t, p) as number,
+      sendto: (fd, buf, len, flags, addr, addrLen) => Number(s.sendto!(fd, buf, len, flags, addr, addrLen)),
+      errno: () => ffi.read.i32(s.__errno_location!(), 0),
+    };
+  } else if (g.Deno) {
+    const deno = g.Deno;
+    const { symbols: s } = deno.dlopen("libc.so.6", {
+      flock: { parameters: ["i32", "i32"], result: "i32" },
+      socket: { parameters: ["i32", "i32", "i32"], result: "i32" },
+      sendto: { parameters: ["i32", "buffer", "usize", "i32", "buffer", "u32"], result: "isize" },
+      __errno_location: { parameters: [], result: "pointer" },
+    });
+    libc = {
+      flock: (fd, op) => s.flock!(fd, op) as number,
+      socket: (d, t, p) => s.socket!(d, t, p) as number,
+      sendto: (fd, buf, len, flags, addr, addrLen) => Number(s.sendto!(fd, buf, BigInt(len), flags, addr, addrLen)),
+      errno: () => new deno.UnsafePointerView(s.__errno_location!()).getInt32(),
+    };
+  } else {
+    throw new Error(`flock and unix datagrams need Bun's or Deno's FFI; this runtime is ${runtimeName()}`);
+  }
+  return libc;
+}
+
+/**
+ * flock(fd, LOCK_EX|LOCK_NB): true if this process now holds the lock, false if another open file
+ * holds it. The lock lasts while `fd` stays open.
+ */
+export async function tryExclusiveFlock(fd: number): Promise<boolean> {
+  const c = await openLibc();
+  for (;;) {
+    if (c.flock(fd, LOCK_EX | LOCK_NB) === 0) return true;
+    const err = c.errno();
+    if (err === EWOULDBLOCK) return false;
+    if (err !== EINTR) throw new Error(`flock: errno ${err}`);
+  }
+}
+
+let notifyFd: number | undefined;
+/** Sends `message` as one datagram to the unix socket at `path` ("@name": the abstract socket "name"). */
+export async function sendUnixDatagram(path: string, message: string): Promise<void> {
+  const c = await openLibc();
+  const name = new TextEncoder().encode(path.startsWith("@") ? `\0${path.slice(1)}` : path);
+  if (name.length >= 108) throw new Error(`unix socket path ${path}: longer than 107 bytes`);
+  // struct sockaddr_un: sa_family_t (2 bytes, host order) and the path, NUL-terminated unless abstract.
+  const addr = new Uint8Array(110);
+  new DataView(addr.buffer).setUint16(0, AF_UNIX, true);
+  addr.set(name, 2);
+  const addrLen = 2 + name.length + (path.startsWith("@") ? 0 : 1);
+  if (notifyFd === undefined) {
+    const fd = c.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw new Error(`socket(AF_UNIX, SOCK_DGRAM): errno ${c.errno()}`);
+    notifyFd = fd;
+  }
+  const body = new TextEncoder().encode(message);
+  if (c.sendto(notifyFd, body, body.length, MSG_NOSIGNAL, addr, addrLen) < 0) throw new Error(`sendto ${path}: errno ${c.errno()}`);
 }

@@ -1,7 +1,9 @@
 // The agent's own systemd unit, gardener-node-agent.service, as `trellis bootstrap` installs it. It is
 // gardener-node-agent's unit (pkg/component/extensions/operatingsystemconfig/original/components/
 // nodeagent UnitContent) with trellis's description: Gardener's OSC carries that unit too, and the
-// agent restarting itself (a hostname change) relies on Restart=always.
+// agent restarting itself (a hostname change) relies on Restart=always. Beyond Gardener's: Type=notify
+// (ready once the first reconcile finished, however long its downloads take: no start timeout), a
+// watchdog the agent's event loop feeds (src/host/notify.ts), and reload as SIGHUP (log level).
 import { agentUnit, baseDir, paths } from "./paths.ts";
 
 export { agentUnit };
@@ -12,6 +14,9 @@ export const agentUnitPath = `/etc/systemd/system/${agentUnit}`;
 export const agentUnitMode = 0o644;
 export const agentBinary = `${paths.binaryDir}/gardener-node-agent`;
 
+/** How long the agent's event loop may stand still before systemd kills and restarts it. */
+export const agentWatchdogSec = 60;
+
 export function agentUnitContent(opts: { configDir?: string; restartSec?: number } = {}): string {
   const configDir = opts.configDir ?? baseDir;
   // Written into ExecStart unquoted: systemd would split at a space and expand % and $.
@@ -21,8 +26,13 @@ Description=trellis node agent (gardener-node-agent compatible)
 After=network-online.target
 
 [Service]
+Type=notify
+NotifyAccess=main
+TimeoutStartSec=infinity
+WatchdogSec=${agentWatchdogSec}s
 LimitMEMLOCK=infinity
 ExecStart=${agentBinary} --config-dir=${configDir}
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
 RestartSec=${opts.restartSec ?? 5}
 StandardOutput=journal+console

@@ -11,6 +11,8 @@ import { type AgentState, AgentStateSchema, emptyState } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 
 export const statePath = `${baseDir}/trellis/state.json`;
+/** The lock one trellis at a time holds while it changes the node (src/host/state-lock.ts). */
+export const stateLockPath = `${baseDir}/trellis/lock`;
 
 export type StateStore = {
   read(): Promise<AgentState>;

@@ -1,8 +1,9 @@
 import { parseArgs } from "node:util";
 import { agentUnit } from "../api/paths.ts";
 import { applyDesired } from "../apply/apply.ts";
-import { createStateStore } from "../apply/state-store.ts";
+import { createStateStore, stateLockPath } from "../apply/state-store.ts";
 import { createFiles } from "../host/files.ts";
+import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { createLogger } from "../log.ts";
 import { describeStep } from "../plan/render.ts";
@@ -27,10 +28,12 @@ export async function run(args: string[]): Promise<number> {
   }
   if (!values.osc) throw new UsageError(`--osc is required\n\n${help}`);
   const log = createLogger();
+  // Before anything is read or cached: the agent, or another apply, may be changing the node.
+  const lock = await lockStateDir(stateLockPath, "apply");
   const files = createFiles("/");
-  const input = await readOscFile(values.osc, files, log, { ...(values.hostname ? { host: values.hostname } : {}), imageCache: "node" });
   const systemd = createSystemd({ log });
   try {
+    const input = await readOscFile(values.osc, files, log, { ...(values.hostname ? { host: values.hostname } : {}), imageCache: "node" });
     const outcome = await applyDesired(input.desired, input.checksum, input.bytes, { files, systemd, store: createStateStore(files), log, selfUnit: agentUnit });
     for (const step of outcome.executed) console.log(describeStep(step));
     for (const u of input.desired.unsupported) console.log(`note: ${u}`);
@@ -39,5 +42,6 @@ export async function run(args: string[]): Promise<number> {
     return outcome.complete ? 0 : 1;
   } finally {
     systemd.close();
+    lock.release();
   }
 }

@@ -21,8 +21,10 @@ import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } f
 import { apiServerCa, type NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
+import { stateLockPath } from "../apply/state-store.ts";
 import { createFiles, type Files } from "../host/files.ts";
 import { ensureKubeletDataVolume } from "../host/kubelet-data-volume.ts";
+import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd, type Systemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { CsrError, defaultWaitMs, machineName, pendingRequest, pendingRequestPath, requestClientCertificate } from "../kube/csr.ts";
@@ -60,15 +62,22 @@ export async function run(args: string[]): Promise<number> {
   const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel }).with({ command: "bootstrap" });
   log.info("bootstrap starting", { config: file });
   const files = createFiles("/");
+  // Steps a and b write the agent's credentials: not while an agent (or apply) runs. Released before c starts the agent.
+  const lock = await lockStateDir(stateLockPath, "bootstrap");
   const systemd = createSystemd({ log });
   try {
-    // Before anything is written below /var/lib/kubelet: that directory moves onto the volume.
-    const volumeSize = config.bootstrap?.kubeletDataVolumeSize;
-    if (volumeSize) {
-      await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
+    let renewed: boolean;
+    try {
+      // Before anything is written below /var/lib/kubelet: that directory moves onto the volume.
+      const volumeSize = config.bootstrap?.kubeletDataVolumeSize;
+      if (volumeSize) {
+        await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
+      }
+      renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
+      await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
+    } finally {
+      lock.release();
     }
-    const renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
-    await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
     await step(`c. ${agentUnit}`, () => installAgentUnit({ files, systemd, log, configDir, restart: renewed }));
     await step(`d. ${initUnit}`, () => disableInitUnit({ systemd, log }));
   } finally {
@@ -116,7 +125,11 @@ export async function ensureAgentCredentials(o: {
   const server = config.apiServer.server;
   if (!server) throw new Error(`${paths.kubeconfig} is ${problem}, and apiServer.server, needed to request a client certificate, is not set`);
   if (!(await files.stat(paths.bootstrapToken))) {
-    throw new Error(`${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with`);
+    throw new Error(
+      `${paths.kubeconfig} is ${problem}, and there is no bootstrap token ${paths.bootstrapToken} to request a client certificate with. ` +
+        `An operator must either write a bootstrap token (<token-id>.<token-secret> of a bootstrap-token Secret in kube-system, allowed to create CSRs) to ${paths.bootstrapToken}, ` +
+        `or replace ${paths.kubeconfig} with a kubeconfig holding a valid client certificate; then restart ${agentUnit}`,
+    );
   }
   const ca = apiServerCa(config.apiServer, paths.clusterCa);
   const machine = await machineName(files, o.hostName);
@@ -191,11 +204,17 @@ export async function installAgentUnit(o: { files: Files; systemd: Systemd; log:
   // Always: a run interrupted between writing the unit and reloading must still end with systemd knowing it.
   await systemd.daemonReload();
   log.info("enabled the agent's unit", { unit: agentUnit, symlinksCreated: changes.length });
-  // An agent already running (a node bootstrapped again) started with the old kubeconfig: it must read the new one.
-  const restart = o.restart && (await systemd.unitStatus(agentUnit)).activeState === "active";
-  if (restart) await systemd.restart(agentUnit);
-  else await systemd.start(agentUnit);
-  log.info(restart ? "restarted the agent's unit (it had the old kubeconfig)" : "started the agent's unit", { unit: agentUnit });
+  // An agent already running (started by someone in the moment since bootstrap let go of the lock) may
+  // have the old kubeconfig: it must read the new one.
+  const active = (await systemd.unitStatus(agentUnit)).activeState === "active";
+  if (active && !o.restart) {
+    log.info("the agent's unit is running", { unit: agentUnit });
+    return;
+  }
+  // Queued, not waited for: the unit is Type=notify, and its start job ends only when the agent's
+  // first reconcile did (an apply that may download images for minutes).
+  await systemd.queueRestart(agentUnit);
+  log.info(active ? "restarted the agent's unit (it had the old kubeconfig)" : "started the agent's unit", { unit: agentUnit });
 }
 
 /** Step d: disabled only — stopping it would stop this very command. A machine without it is fine. */

@@ -1,6 +1,6 @@
 // Subcommand dispatch. Each command module is imported only when it runs, so `trellis version`
 // does not pay for loading the Kubernetes client or D-Bus.
-import { describeError } from "../log.ts";
+import { describeError, journalPrefix } from "../log.ts";
 import { UsageError } from "./errors.ts";
 
 type Command = { summary: string; load: () => Promise<{ run(args: string[]): Promise<number> }> };
@@ -40,11 +40,8 @@ export async function main(argv: string[]): Promise<number> {
   try {
     return await (await command.load()).run(rest);
   } catch (err) {
-    if (err instanceof UsageError) {
-      console.error(`trellis ${name}: ${err.message}`);
-      return 2;
-    }
-    console.error(`trellis ${name}: ${describeError(err)}`);
-    return 1;
+    // Under systemd, the one line that says why the agent ended is an error to journald too.
+    process.stderr.write(`${journalPrefix("error")}trellis ${name}: ${err instanceof UsageError ? err.message : describeError(err)}\n`);
+    return err instanceof UsageError ? 2 : 1;
   }
 }

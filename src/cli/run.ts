@@ -6,7 +6,7 @@ import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, paths } from "../api/paths.ts";
-import { createStateStore, removeLeftoverTemp } from "../apply/state-store.ts";
+import { createStateStore, removeLeftoverTemp, stateLockPath } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
 import { startHealthController } from "../controllers/health.ts";
@@ -21,17 +21,21 @@ import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
+import { startSystemdNotify } from "../host/notify.ts";
+import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { kubeFromConnection } from "../kube/client.ts";
 import { connectionFor } from "../kube/connection.ts";
 import { startSecretNameFollower } from "../controllers/secret-name.ts";
+import { defaultWaitMs } from "../kube/csr.ts";
 import { createEventRecorder } from "../kube/events.ts";
-import { createLogger, describeError } from "../log.ts";
+import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
 import { commit, version } from "../version.ts";
 import { loadAgentConfig } from "./agent-config.ts";
+import { ensureAgentCredentials } from "./bootstrap.ts";
 import { UsageError } from "./errors.ts";
 
 const help = `usage: trellis run --config-dir DIR [--hostname NAME]
@@ -51,19 +55,29 @@ export async function run(args: string[]): Promise<number> {
     return 0;
   }
   if (!values["config-dir"]) throw new UsageError(`--config-dir is required\n\n${help}`);
-  const { file, config } = loadAgentConfig(values["config-dir"]);
-  const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel });
-  const connection = connectionFor(config, process.env, existsSync);
-  const kube = kubeFromConnection(connection);
-  if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
+  const configDir = values["config-dir"];
+  const { file, config } = loadAgentConfig(configDir);
+  const log = createLogger({ level: config.logLevel });
   const hostName = values.hostname ?? hostname();
   const controllers = config.controllers;
+  // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
+  const lock = await lockStateDir(stateLockPath, "run");
+  const notify = startSystemdNotify({ log });
+  const files = createFiles("/");
+  const connection = connectionFor(config, process.env, existsSync);
+  // A client certificate that expired while the machine was off cannot renew itself (the certificate
+  // controller renews with it): a new one is requested with the bootstrap token, as `bootstrap` would,
+  // or the agent ends saying what an operator must do.
+  if (connection.kind === "kubeconfig" && connection.path === paths.kubeconfig) {
+    await ensureAgentCredentials({ config, files, log, waitMs: defaultWaitMs, hostName });
+  }
+  const kube = kubeFromConnection(connection);
+  if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
   log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
 
-  const files = createFiles("/");
   const systemd = createSystemd({ log });
   const store = createStateStore(files);
-  // Before anything writes there: what an agent killed mid-write left behind.
+  // Before anything writes there (and only now that no other trellis can): what an agent killed mid-write left behind.
   await removeLeftoverTemp(files).then(
     (removed) => removed.length > 0 && log.info("removed temp files a killed agent left", { files: removed }),
     (err: unknown) => log.warn("could not remove temp files a killed agent left", { error: describeError(err) }),
@@ -90,41 +104,26 @@ export async function run(args: string[]): Promise<number> {
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 
-  const rollout = startRollout({
-    kube,
-    files,
-    systemd,
-    store,
-    events,
-    node,
-    status,
-    log,
-    secretName: controllers.operatingSystemConfig.secretName,
-    stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
+  // What the rollout and the OSC controller both work with: the one OSC Secret applied to this node.
+  const applying = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
+  const rollout = startRollout({ ...applying, stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold });
+  const osc = startOscController({
+    ...applying,
+    metrics,
+    kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
+    syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
+    hostName,
+    selfUnit: agentUnit,
+    selfBinary: realpathSync(process.execPath),
+    configDir: resolve(configDir),
+    images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
+    rollout,
   });
+  void osc.firstReconcile.then(() => notify.ready("the first reconcile finished"));
   const running: Controller[] = [
     node,
     rollout,
-    startOscController({
-      kube,
-      files,
-      systemd,
-      store,
-      events,
-      node,
-      status,
-      metrics,
-      log,
-      secretName: controllers.operatingSystemConfig.secretName,
-      kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
-      syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
-      hostName,
-      selfUnit: agentUnit,
-      selfBinary: realpathSync(process.execPath),
-      configDir: resolve(values["config-dir"]),
-      images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
-      rollout,
-    }),
+    osc,
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
@@ -139,12 +138,30 @@ export async function run(args: string[]): Promise<number> {
       : []),
   ];
   for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
+  const reloadLogLevel = () => reloadLevel(configDir, log);
+  process.on("SIGHUP", reloadLogLevel);
   const reason = await stopRequested;
+  process.off("SIGHUP", reloadLogLevel);
+  notify.stopping();
   log.info("trellis stopping", { reason });
   // Controllers first (the OSC controller finishes the step it is in), then the servers and the bus.
   await Promise.all(running.map((c) => c.stop()));
   await servers.stop();
   await status.close();
   systemd.close();
+  notify.close();
+  lock.release();
   return 0;
+}
+
+/** SIGHUP (the unit's ExecReload): the configuration's log level, read again; a configuration that no longer reads keeps the old one. */
+function reloadLevel(configDir: string, log: Logger): void {
+  try {
+    const { file, config } = loadAgentConfig(configDir);
+    // Said before the change, at the level in force until then: a level raised to error would hide it.
+    log.info("log level set from the configuration (SIGHUP)", { config: file, logLevel: config.logLevel });
+    log.setLevel(config.logLevel);
+  } catch (err) {
+    log.error("SIGHUP: could not read the configuration again; the log level stays", { error: describeError(err) });
+  }
 }

@@ -103,6 +103,8 @@ type OscControllerStatus = {
 export type OscController = {
   /** Resolves once the Secret's first LIST has been delivered. */
   synced: Promise<void>;
+  /** Resolves once the first reconcile ended, whatever its result (the agent tells systemd it is ready). */
+  firstReconcile: Promise<void>;
   stop(): Promise<void>;
 };
 
@@ -137,6 +139,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let reconciled: () => void = () => {};
+  const firstReconcile = new Promise<void>((done) => (reconciled = done));
   const passes = singleFlight(async (why) => {
     const started = now();
     const wait = await reconcile(why).catch(async (err: unknown) => {
@@ -151,6 +155,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     duration.observe((now() - started) / 1000);
     reconciles.inc({ result: status.lastResult ?? "error" });
     report();
+    reconciled();
     schedule(wait);
   });
   const trigger = passes.trigger;
@@ -207,7 +212,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const readSecret = (name: string) => secretRefs.read(name);
   const synced = secretWatch.synced.then(() => {
     status.synced = true;
+    // No Secret in the first list: one reconcile says so (waiting), and it counts as the first one.
+    if (!secret) trigger("no OSC Secret yet");
   });
+  // Rejected only when the agent stops before the first list arrived (the API server unreachable):
+  // whoever awaits `synced` sees that, but the stop itself must not end in an unhandled rejection.
+  synced.catch(() => undefined);
 
   // Kubelet updates the Node all the time: only the rollout annotation concerns this controller, and
   // the labels when the Secret has overlays (they pick by label).
@@ -610,6 +620,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   return {
     synced,
+    firstReconcile,
     stop: async () => {
       stopped = true;
       const finished = passes.stop();

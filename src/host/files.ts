@@ -20,6 +20,7 @@ import { constants, type Stats } from "node:fs";
 import { lstat, mkdir, open, readdir, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
 import { resolve } from "node:path";
 import { nodePathProblem } from "../api/paths.ts";
+import { processAlive } from "./process.ts";
 
 export type FileKind = "file" | "dir" | "symlink" | "other";
 
@@ -67,7 +68,7 @@ export interface Files {
   list(dir: string): Promise<string[]>;
   /**
    * Deletes the temp files killed writers left in `dir` and returns their names. Writes in flight in this
-   * adapter keep theirs; no other process may be writing into `dir` meanwhile.
+   * adapter keep theirs, and so do live processes (isLeftoverTemp).
    */
   cleanupTemp(dir: string): Promise<string[]>;
 }
@@ -101,8 +102,20 @@ const showMode = (mode: number) => (Number.isInteger(mode) && mode > 0 ? `0o${mo
 
 // `.<basename>.trellis-tmp-<pid>-<12 hex>`: hidden, unique across processes and calls, and recognisable
 // by cleanupTemp. The basename is cut so that the name stays under NAME_MAX (255 bytes) even in UTF-8.
-const tempPattern = /^\..*\.trellis-tmp-\d+-[0-9a-f]{12}$/s;
-const tempName = (base: string) => `.${base.slice(0, 64)}.trellis-tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
+const tempPattern = /^\..*\.trellis-tmp-(\d+)-[0-9a-f]{12}$/s;
+export const tempName = (base: string) => `.${base.slice(0, 64)}.trellis-tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
+
+/**
+ * Is `name` a temp file no live writer owns? Another live process's (its PID is in the name) may be
+ * being filled right now; our own PID's is from before a restart under the same PID (a new PID
+ * namespace), since this process's writes in flight are known by their paths.
+ */
+export function isLeftoverTemp(name: string): boolean {
+  const m = tempPattern.exec(name);
+  if (!m) return false;
+  const pid = Number(m[1]);
+  return pid === process.pid || !processAlive(pid);
+}
 
 const errno = (err: unknown) => (err as { code?: unknown } | null)?.code;
 
@@ -591,7 +604,7 @@ export function createFiles(rootDir = "/"): Files {
         let names: string[];
         try {
           const entries = await readdir(via(place.dir, "."), { withFileTypes: true });
-          names = entries.filter((e) => e.isFile() && tempPattern.test(e.name) && !inFlight.has(child(place.dir.node, e.name))).map((e) => e.name);
+          names = entries.filter((e) => e.isFile() && isLeftoverTemp(e.name) && !inFlight.has(child(place.dir.node, e.name))).map((e) => e.name);
         } catch (err) {
           throw fail(op, dir, describe(err), err);
         }

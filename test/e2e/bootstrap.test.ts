@@ -175,7 +175,7 @@ describe("bootstrap with a bootstrap token", () => {
     expect(await node.readFile(`/etc/systemd/system/${agentUnit}`)).toBe(agentUnitContent({ configDir: base }));
     expect(await modeOf(node, `/etc/systemd/system/${agentUnit}`)).toBe("644");
     expect((await node.exec(["systemctl", "is-enabled", agentUnit])).stdout.trim()).toBe("enabled");
-    expect((await unitState(node, agentUnit)).ActiveState).toBe("active");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
 
     // kubelet's bootstrap kubeconfig, from the bootstrap token; the token itself stays for the agent to delete.
     expect(await modeOf(node, "/var/lib/kubelet/kubeconfig-bootstrap")).toBe("600");
@@ -207,42 +207,109 @@ describe("bootstrap with a bootstrap token", () => {
     expect(journal).not.toContain(text.match(/client-key-data: (\S+)/)?.[1] as string);
   }, 180_000);
 
-  test("run again: nothing is requested or restarted", async () => {
+  test("run again while the agent runs: refused naming the agent's PID, as `trellis apply` is; nothing requested or restarted", async () => {
     const { node, token } = m;
     const before = { kubeconfig: await node.readFile(kubeconfigPath), pid: (await unitState(node, agentUnit)).MainPID };
     const r = await node.exec([bin, "bootstrap", "--config-dir", base]);
-    expect(r.code).toBe(0);
-    expect(r.stderr).toContain("the agent's kubeconfig is valid; no client certificate is requested");
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain(`trellis bootstrap: another trellis is running on this machine: PID ${before.pid} (trellis run, since `);
+    // Refused before the OSC file is even read.
+    const apply = await node.exec([bin, "apply", "--osc", "/nonexistent.yaml"]);
+    expect(apply.code).toBe(1);
+    expect(apply.stderr).toContain(`trellis apply: another trellis is running on this machine: PID ${before.pid} (trellis run, since `);
     expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([csrName]);
     expect(await node.readFile(kubeconfigPath)).toBe(before.kubeconfig);
     expect((await unitState(node, agentUnit)).MainPID).toBe(before.pid);
   }, 60_000);
 
-  test("its certificate expired: a new CSR, and the running agent restarted onto the new kubeconfig", async () => {
+  test("run again with the agent stopped: nothing is requested, the agent started again", async () => {
+    const { node, token } = m;
+    const kubeconfig = await node.readFile(kubeconfigPath);
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    const r = await node.exec([bin, "bootstrap", "--config-dir", base]);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain("the agent's kubeconfig is valid; no client certificate is requested");
+    expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([csrName]);
+    expect(await node.readFile(kubeconfigPath)).toBe(kubeconfig);
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+  }, 60_000);
+
+  test("its certificate expired while the agent was stopped: a new CSR, and the agent started with the new kubeconfig", async () => {
     const { node, token, user } = m;
-    const expired = await issueClientCert({
-      dir: runDir("bootstrap-e2e"),
-      commonName: user,
-      organizations: ["gardener.cloud:node-agents"],
-      notBefore: new Date(Date.now() - 2 * 3_600_000),
-      notAfter: new Date(Date.now() - 3_600_000),
-      ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile },
-    });
-    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
+    const expired = await expiredCertificate(user);
     const pid = (await unitState(node, agentUnit)).MainPID;
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
     const bootstrap = node.exec([bin, "bootstrap", `--config-dir=${base}`]);
     const csr = await waitForCsr(cluster, "a second CSR", (c) => c.spec.username === token.user && c.metadata?.name !== csrName);
     await decideCsr(cluster, csr.metadata?.name as string, "Approved", "TestApproved", "expired certificate");
     const r = await bootstrap;
     expect(r.code).toBe(0);
     expect(r.stderr).toContain(`"because":"its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}"`);
-    expect(r.stderr).toContain("restarted the agent's unit (it had the old kubeconfig)");
+    expect(r.stderr).toContain("started the agent's unit");
     const cert = readClientCertificate(await node.readFile(kubeconfigPath));
     expect(cert?.notAfter.getTime()).toBeGreaterThan(Date.now() + 719 * 3_600_000);
-    const after = await unitState(node, agentUnit);
-    expect(after.ActiveState).toBe("active");
-    expect(after.MainPID).not.toBe(pid);
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+    expect((await unitState(node, agentUnit)).MainPID).not.toBe(pid);
   }, 120_000);
+
+  test("the agent started with a certificate that expired while the machine was off: it requests a new one with the bootstrap token itself and goes on", async () => {
+    const { node, token, user } = m;
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    const expired = await expiredCertificate(user);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
+    const earlier = new Set((await csrsOf(token.user)).map((c) => c.metadata?.name));
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const csr = await waitForCsr(cluster, "a CSR from the agent", (c) => c.spec.username === token.user && !earlier.has(c.metadata?.name));
+    await decideCsr(cluster, csr.metadata?.name as string, "Approved", "TestApproved", "expired while off");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+    const cert = readClientCertificate(await node.readFile(kubeconfigPath));
+    expect(cert?.commonName).toBe(user);
+    expect(cert?.notAfter.getTime()).toBeGreaterThan(Date.now() + 719 * 3_600_000);
+    const journal = await node.execOk(["journalctl", "-u", agentUnit, "-o", "cat", "--no-pager"]);
+    expect(journal).toContain(`"msg":"requesting a client certificate with the bootstrap token","kubeconfig":"${kubeconfigPath}","because":"its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}"`);
+  }, 120_000);
+});
+
+/** A client certificate of `user` whose life ended an hour ago. */
+function expiredCertificate(user: string) {
+  return issueClientCert({
+    dir: runDir("bootstrap-e2e"),
+    commonName: user,
+    organizations: ["gardener.cloud:node-agents"],
+    notBefore: new Date(Date.now() - 2 * 3_600_000),
+    notAfter: new Date(Date.now() - 3_600_000),
+    ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile },
+  });
+}
+
+describe("an expired certificate and no bootstrap token", () => {
+  test("the agent ends with an error (journald priority err) that says what an operator must do, and requests nothing", async () => {
+    const { node, user, token } = await prepareNode("expired", { token: false });
+    const expired = await expiredCertificate(user);
+    await node.writeFile(kubeconfigPath, renderKubeconfig({ server: cluster.server, ca: { file: `${base}/cluster-ca.crt` }, certPem: expired.certPem, keyPem: expired.keyPem }), 0o600);
+    await node.writeFile(`/etc/systemd/system/${agentUnit}`, agentUnitContent({ configDir: base }));
+    await node.execOk(["systemctl", "daemon-reload"]);
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const said = await waitFor(
+      "the agent's error",
+      async () => {
+        const out = await node.execOk(["journalctl", "-u", agentUnit, "-p", "err", "-o", "cat", "--no-pager"]);
+        return out.includes("trellis run: ") ? out : undefined;
+      },
+      30_000,
+      200,
+    );
+    expect(said).toContain(
+      `trellis run: ${kubeconfigPath} is its client certificate expired at ${new Date(new X509Certificate(expired.certPem).validTo).toISOString()}, and there is no bootstrap token ${base}/credentials/bootstrap-token to request a client certificate with. ` +
+        `An operator must either write a bootstrap token (<token-id>.<token-secret> of a bootstrap-token Secret in kube-system, allowed to create CSRs) to ${base}/credentials/bootstrap-token, ` +
+        `or replace ${kubeconfigPath} with a kubeconfig holding a valid client certificate; then restart ${agentUnit}`,
+    );
+    expect(await csrsOf(token.user)).toEqual([]);
+    // The process ended (its watchdog timer does not keep it alive), and systemd tries again.
+    await waitFor("the agent restarted by systemd", async () => Number((await node.execOk(["systemctl", "show", "-P", "NRestarts", agentUnit])).trim()) >= 1, 30_000, 200);
+    await node.execOk(["systemctl", "stop", agentUnit]);
+  }, 60_000);
 });
 
 describe("a CSR that is not approved", () => {

@@ -96,7 +96,8 @@ controllers:
   await node.install(opts.binary ?? (await trellisBinary()), "/opt/bin/gardener-node-agent");
   await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
   await node.execOk(["systemctl", "daemon-reload"]);
-  if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
+  // --no-block: the unit is Type=notify, ready only after the first reconcile; tests wait for what they need.
+  if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
   return { node, name: node.name, user, core, healthPort, metricsPort };
 }
 

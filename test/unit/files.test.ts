@@ -558,13 +558,15 @@ describe("cleanupTemp", () => {
     const { root, files } = fresh();
     await files.writeAtomic("/etc/kubelet.conf", "x", 0o644);
     const dir = `${root}/etc`;
-    const stale = [".kubelet.conf.trellis-tmp-4242-0123456789ab", ".other.trellis-tmp-1-abcdefabcdef"];
+    // PIDs of writers that are gone (a live writer's temp file stays: test/integration/state-lock.test.ts).
+    const dead = Bun.spawnSync(["true"]).pid;
+    const stale = [`.kubelet.conf.trellis-tmp-${dead}-0123456789ab`, `.other.trellis-tmp-${process.pid}-abcdefabcdef`];
     const keep = [
       ".kubelet.conf.tmp", // someone else's temp
-      "kubelet.conf.trellis-tmp-4242-0123456789ab", // not hidden
-      ".kubelet.conf.trellis-tmp-4242-0123456789AB", // not our hex
+      `kubelet.conf.trellis-tmp-${dead}-0123456789ab`, // not hidden
+      `.kubelet.conf.trellis-tmp-${dead}-0123456789AB`, // not our hex
       ".kubelet.conf.trellis-tmp-x-0123456789ab", // not a pid
-      ".kubelet.conf.trellis-tmp-4242-0123456789ab.bak",
+      `.kubelet.conf.trellis-tmp-${dead}-0123456789ab.bak`,
     ];
     for (const name of [...stale, ...keep]) writeFileSync(`${dir}/${name}`, "partial");
     mkdirSync(`${dir}/.dir.trellis-tmp-1-0123456789ab`); // a directory is never ours

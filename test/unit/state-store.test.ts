@@ -12,11 +12,13 @@ test("temp files of a killed agent in its own directories are removed, everythin
   const root = mkdtempSync(`${runDir("state-store-unit")}/root-`);
   const files = createFiles(root);
   await createStateStore(files).write(emptyState());
+  // Writers that are gone (a live one's temp file stays: test/integration/state-lock.test.ts).
+  const [a, b] = [Bun.spawnSync(["true"]).pid, Bun.spawnSync(["true"]).pid];
   const leftovers = [
-    "/var/lib/gardener-node-agent/trellis/.state.json.trellis-tmp-4644-bc85bc765b47",
-    "/var/lib/gardener-node-agent/.last-applied-osc.yaml.trellis-tmp-17-0123456789ab",
-    "/var/lib/gardener-node-agent/credentials/.token.trellis-tmp-17-0123456789ab",
-    "/run/trellis/.status.json.trellis-tmp-17-0123456789ab",
+    `/var/lib/gardener-node-agent/trellis/.state.json.trellis-tmp-${a}-bc85bc765b47`,
+    `/var/lib/gardener-node-agent/.last-applied-osc.yaml.trellis-tmp-${b}-0123456789ab`,
+    `/var/lib/gardener-node-agent/credentials/.token.trellis-tmp-${b}-0123456789ab`,
+    `/run/trellis/.status.json.trellis-tmp-${b}-0123456789ab`,
   ];
   const kept = ["/var/lib/gardener-node-agent/config.yaml", "/var/lib/gardener-node-agent/trellis/.notes.tmp"];
   for (const p of [...leftovers, ...kept]) {

@@ -9,13 +9,13 @@
 // Cache layout (0700 directories, 0600 files):
 //   <cacheDir>/index.json              what is known (schema below)
 //   <cacheDir>/files/sha256/<hex>      extracted contents, named by their sha256 (shared between images)
-import { createHash, randomBytes } from "node:crypto";
+import { createHash } from "node:crypto";
 import { chmod, mkdir, open, readdir, readFile, rename, stat, unlink, utimes, type FileHandle } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import * as v from "valibot";
 import { object, record } from "../../api/shapes.ts";
 import { describeError, type Logger } from "../../log.ts";
-import { createFiles } from "../files.ts";
+import { createFiles, isLeftoverTemp, tempName } from "../files.ts";
 import { defaultTimeouts, RegistryClient, TokenCache, type ManifestBytes, type Timeouts } from "./client.ts";
 import { ContentError, EndpointsFailedError, explain, ImageError, TransferError } from "./errors.ts";
 import { HostsConfigError, loadEndpoints } from "./hosts.ts";
@@ -128,21 +128,6 @@ type CacheIndex = v.InferOutput<typeof IndexSchema>;
 const emptyIndex = (): CacheIndex => ({ version: 1, files: {}, indexes: {} });
 
 const errno = (err: unknown) => (err as { code?: unknown } | null)?.code;
-
-// Our temp files follow src/host/files.ts's naming (`.<name>.trellis-tmp-<pid>-<12 hex>`), so the index
-// writes (done by that module) and the extractions leave the same kind of leftovers behind.
-const tempPattern = /^\..*\.trellis-tmp-(\d+)-[0-9a-f]{12}$/s;
-const tempName = (base: string) => `.${base}.trellis-tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
-
-/** Is `pid` a live process? (EPERM: alive, someone else's.) */
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return errno(err) === "EPERM";
-  }
-}
 
 async function syncDir(dir: string): Promise<void> {
   const fh = await open(dir, "r");
@@ -265,15 +250,11 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
   async function prepare(): Promise<void> {
     await mkdir(filesDir, { recursive: true, mode: 0o700 });
     await chmod(cacheDir, 0o700);
-    // Temp files of killed writers. files.ts's cleanupTemp would also take those of a live `trellis plan`
-    // or agent sharing the directory, so only those whose PID is gone (or ours, from before a restart
-    // under the same PID in a new namespace) are removed.
+    // Temp files of killed writers (the index is written through src/host/files.ts, the extractions
+    // are named the same way): those of a live `trellis plan` or agent sharing the directory stay.
     for (const dir of [cacheDir, filesDir]) {
       for (const name of await readdir(dir)) {
-        const m = tempPattern.exec(name);
-        if (!m) continue;
-        const pid = Number(m[1]);
-        if (pid !== process.pid && alive(pid)) continue;
+        if (!isLeftoverTemp(name)) continue;
         await unlink(join(dir, name)).catch((err: unknown) => {
           if (errno(err) !== "ENOENT") throw err;
         });
