@@ -21,14 +21,7 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     for (const d of Object.keys(u.dropIns)) paths.add(dropInPath(name, d));
   }
   const observedFiles = new Map<string, { sha256: string; mode: number } | null>();
-  await Promise.all(
-    [...paths].map(async (path) => {
-      const st = await files.stat(path);
-      if (!st || st.kind !== "file") return observedFiles.set(path, null);
-      const sha256 = await files.sha256(path);
-      observedFiles.set(path, sha256 === undefined ? null : { sha256, mode: st.mode });
-    }),
-  );
+  await Promise.all([...paths].map(async (path) => observedFiles.set(path, (await observeFile(files, path)) ?? null)));
   if (!systemd) return { files: observedFiles };
   const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
   for (const name of units) {
@@ -36,6 +29,14 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
   }
   return { files: observedFiles, units: observedUnits };
+}
+
+/** Hash and mode of the regular file at `path`; undefined when there is none. */
+export async function observeFile(files: Files, path: string): Promise<{ sha256: string; mode: number } | undefined> {
+  const st = await files.stat(path);
+  if (!st || st.kind !== "file") return undefined;
+  const sha256 = await files.sha256(path);
+  return sha256 === undefined ? undefined : { sha256, mode: st.mode };
 }
 
 /** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */

@@ -9,6 +9,7 @@ import { agentUnit, paths } from "../api/paths.ts";
 import { createStateStore, removeLeftoverTemp } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
+import { startDriftController } from "../controllers/drift.ts";
 import { startHealthController } from "../controllers/health.ts";
 import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
@@ -94,29 +95,31 @@ export async function run(args: string[]): Promise<number> {
     secretName: controllers.operatingSystemConfig.secretName,
     stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
   });
+  const osc = startOscController({
+    kube,
+    files,
+    systemd,
+    store,
+    events,
+    node,
+    status,
+    metrics,
+    log,
+    secretName: controllers.operatingSystemConfig.secretName,
+    kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
+    syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
+    hostName,
+    selfUnit: agentUnit,
+    selfBinary: realpathSync(process.execPath),
+    configDir: resolve(values["config-dir"]),
+    images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
+    rollout,
+  });
   const running: Controller[] = [
     node,
     rollout,
-    startOscController({
-      kube,
-      files,
-      systemd,
-      store,
-      events,
-      node,
-      status,
-      metrics,
-      log,
-      secretName: controllers.operatingSystemConfig.secretName,
-      kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
-      syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
-      hostName,
-      selfUnit: agentUnit,
-      selfBinary: realpathSync(process.execPath),
-      configDir: resolve(values["config-dir"]),
-      images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
-      rollout,
-    }),
+    osc,
+    startDriftController({ files, systemd, store, events, kube, node, metrics, status, log, osc, selfUnit: agentUnit, config: controllers.drift }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),

@@ -92,6 +92,13 @@ type OscControllerStatus = {
 export type OscController = {
   /** Resolves once the Secret's first LIST has been delivered. */
   synced: Promise<void>;
+  /**
+   * Runs `fn` between reconciles, never during one; `reconcile` runs one there and says whether the
+   * OSC is applied after it.
+   */
+  between<T>(fn: (reconcile: (why: string) => Promise<boolean>) => Promise<T>): Promise<T>;
+  /** Calls `listener` after every reconcile (what trellis owns may have changed); returns an unsubscribe. */
+  onReconciled(listener: () => void): () => void;
   stop(): Promise<void>;
 };
 
@@ -121,6 +128,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // Single flight: `pending` asks for one more run after the current one.
   let running: Promise<void> | undefined;
   let pending = false;
+  const reconciledListeners = new Set<() => void>();
   let timer: ReturnType<typeof setTimeout> | undefined;
   const trigger = (why: string) => {
     if (stopped) return;
@@ -131,23 +139,47 @@ export function startOscController(deps: OscControllerDeps): OscController {
     running = (async () => {
       do {
         pending = false;
-        const started = now();
-        const wait = await reconcile(why).catch(async (err: unknown) => {
-          const error = describeError(err);
-          status.lastResult = "failed";
-          status.lastError = error;
-          log.error("reconcile failed", { error });
-          const current = deps.node.current();
-          if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
-          return retryWait("reconcile error");
-        });
-        duration.observe((now() - started) / 1000);
-        reconciles.inc({ result: status.lastResult ?? "error" });
-        report();
-        schedule(wait);
+        await reconcileOnce(why);
       } while (pending && !stopped);
       running = undefined;
     })();
+  };
+  const reconcileOnce = async (why: string): Promise<void> => {
+    const started = now();
+    const wait = await reconcile(why).catch(async (err: unknown) => {
+      const error = describeError(err);
+      status.lastResult = "failed";
+      status.lastError = error;
+      log.error("reconcile failed", { error });
+      const current = deps.node.current();
+      if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCReconcileError", message: error });
+      return retryWait("reconcile error");
+    });
+    duration.observe((now() - started) / 1000);
+    reconciles.inc({ result: status.lastResult ?? "error" });
+    report();
+    schedule(wait);
+    for (const listener of reconciledListeners) listener();
+  };
+  // The drift check compares the node with what the last apply recorded: during an apply the two
+  // differ by design, so it runs only between reconciles, and a trigger meanwhile runs after it.
+  const between = async <T>(fn: (reconcile: (why: string) => Promise<boolean>) => Promise<T>): Promise<T> => {
+    while (running) await running;
+    if (stopped) throw new Error("the OSC controller is stopping");
+    const held = fn(async (why) => {
+      await reconcileOnce(why);
+      return status.lastResult === "applied";
+    });
+    running = held.then(
+      () => undefined,
+      () => undefined,
+    );
+    try {
+      return await held;
+    } finally {
+      running = undefined;
+      if (pending) trigger("a change during a drift check");
+    }
   };
   const schedule = (wait: Wait) => {
     if (timer) clearTimeout(timer);
@@ -572,6 +604,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   return {
     synced,
+    between,
+    onReconciled: (listener) => {
+      reconciledListeners.add(listener);
+      return () => void reconciledListeners.delete(listener);
+    },
     stop: async () => {
       stopped = true;
       stopping.abort(new Error("the agent is stopping"));
