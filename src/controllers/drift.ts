@@ -53,8 +53,8 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   const clock = deps.clock ?? (() => performance.now());
   const found = deps.metrics.counter("trellis_drift_total", "Drift found on the node (repaired, or only reported in mode report), by kind.");
   for (const kind of driftKinds) found.inc({ kind }, 0);
-  if (config.mode === "off") {
-    deps.status.set("drift", { ok: true, summary: "drift watch off (controllers.drift.mode)" });
+  if (config.mode === "disabled") {
+    deps.status.set("drift", { ok: true, summary: "drift watch disabled (controllers.drift.mode)" });
     return { stop: async () => {} };
   }
 

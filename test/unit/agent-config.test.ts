@@ -114,6 +114,7 @@ controllers:
     ["healthCheck syncPeriod below 1s", minimal + "  healthCheck: {syncPeriod: 100ms}\n", "controllers.healthCheck.syncPeriod: must be at least 1s"],
     ["readinessFlaps below 2", minimal + "  healthCheck: {readinessFlaps: 1}\n", "controllers.healthCheck.readinessFlaps:"],
     ["unknown drift mode", minimal + "  drift: {mode: ignore}\n", "controllers.drift.mode:"],
+    ["drift mode off (YAML 1.1's false)", minimal + "  drift: {mode: off}\n", "controllers.drift.mode:"],
     ["recurringRepairs below 2", minimal + "  drift: {recurringRepairs: 1}\n", "controllers.drift.recurringRepairs:"],
     ["duplicate token paths", minimal + "  token:\n    syncConfigs: [{secretName: a, path: /t}, {secretName: b, path: /t}]\n", "controllers.token.syncConfigs: paths must be unique"],
     ["unknown logLevel", minimal + "logLevel: verbose\n", "logLevel:"],
