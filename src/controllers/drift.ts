@@ -215,9 +215,12 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     await updateCondition();
   }
 
+  // A drift found right after the agent started, before its Node watch delivered the Node, is still said.
   async function record(reason: string, message: string): Promise<void> {
     const node = deps.node.current();
-    if (node) await deps.events.record({ node: nodeRef(node), type: "Warning", reason, message });
+    const event = { type: "Warning" as const, reason, message };
+    if (node) await deps.events.record({ node: nodeRef(node), ...event });
+    else void deps.node.found.then((n) => deps.events.record({ node: nodeRef(n), ...event }));
   }
 
   async function updateCondition(): Promise<void> {

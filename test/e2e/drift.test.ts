@@ -31,7 +31,7 @@ beforeAll(async () => {
   agent = await startAgentNode(cluster, {
     prefix: "drift",
     secretName,
-    controllers: `  drift: {recurringRepairs: 3, recurringWindow: ${recurringWindowS}s}\n`,
+    controllers: `  drift: {debounce: 10ms, recurringRepairs: 3, recurringWindow: ${recurringWindowS}s}\n`,
   });
   await waitApplied(agent, await putOscSecret(cluster, secretName, osc()));
 }, 120_000);
@@ -62,6 +62,8 @@ async function metric(kind: string): Promise<number> {
 
 test("applying an OSC change is not drift: its own writes report nothing", async () => {
   version++;
+  // Many writes next to watched files, each a window in which disk and the recorded state differ.
+  for (let i = 0; i < 40; i++) oscDoc.spec.files.push({ path: `/etc/web/extra-${i}.html`, permissions: 0o644, content: { inline: { encoding: "", data: `${i}\n` } } });
   await waitApplied(agent, await putOscSecret(cluster, secretName, osc()));
   // A drift made after the apply is reported after every check the apply's own writes queued (checks
   // run one at a time, in order): once it is, those found nothing.
@@ -163,8 +165,17 @@ test("mode report: drift is reported once and left as it is", async () => {
   const config = "/var/lib/gardener-node-agent/config.yaml";
   await agent.node.writeFile(config, (await agent.node.readFile(config)).replace("drift: {", "drift: {mode: report, "), 0o600);
   await agent.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
-  // Ready: the restarted agent's first reconcile is done, and its watches are set up before that.
-  await waitFor("the agent to run again", async () => (await agent.node.exec(["curl", "-sf", `http://127.0.0.1:${agent.healthPort}/readyz`])).code === 0, 30_000, 100);
+  // The restarted agent's status file: its watches are up (report mode) and its first reconcile is done,
+  // which would otherwise repair an edit made before it silently.
+  await waitFor(
+    "the restarted agent watching in mode report, its OSC applied",
+    async () => {
+      const { components: c } = JSON.parse(await agent.node.readFile("/run/trellis/status.json"));
+      return c.drift?.mode === "report" && c.drift.watchedDirs > 0 && c.osc?.lastResult === "applied";
+    },
+    30_000,
+    100,
+  );
   const t0 = performance.now();
   await sh("echo 'left alone' > /etc/web/index.html");
   const { event } = await waitForEvent("DriftDetected", "/etc/web/index.html: content differs", t0);
