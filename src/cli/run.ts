@@ -83,28 +83,16 @@ export async function run(args: string[]): Promise<number> {
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 
+  // What the OSC controller and the two that work alongside it (rollouts, drift) all use.
+  const shared = { kube, files, systemd, store, events, node, status, log };
   const rollout = startRollout({
-    kube,
-    files,
-    systemd,
-    store,
-    events,
-    node,
-    status,
-    log,
+    ...shared,
     secretName: controllers.operatingSystemConfig.secretName,
     stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
   });
   const osc = startOscController({
-    kube,
-    files,
-    systemd,
-    store,
-    events,
-    node,
-    status,
+    ...shared,
     metrics,
-    log,
     secretName: controllers.operatingSystemConfig.secretName,
     kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
     syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
@@ -119,7 +107,7 @@ export async function run(args: string[]): Promise<number> {
     node,
     rollout,
     osc,
-    startDriftController({ files, systemd, store, events, kube, node, metrics, status, log, osc, selfUnit: agentUnit, config: controllers.drift }),
+    startDriftController({ ...shared, metrics, osc, selfUnit: agentUnit, config: controllers.drift }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),

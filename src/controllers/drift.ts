@@ -148,10 +148,10 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
 
   async function find(paths: string[], unitNames: string[]): Promise<Drift[]> {
     const state = await deps.store.read();
-    const now = writtenPaths(state.owned);
+    const recorded = writtenPaths(state.owned);
     const drifts: Drift[] = [];
     for (const path of paths) {
-      const want = now.get(path);
+      const want = recorded.get(path);
       const d = want ? fileDrift(path, want, await observeFile(deps.files, path)) : undefined;
       if (d) drifts.push(d);
       else reported.delete(path);
@@ -202,7 +202,7 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
       }
       found.inc({ kind: d.kind });
       repairCount++;
-      (repairs.get(d.target) ?? repairs.set(d.target, []).get(d.target))?.push(clock());
+      repairs.set(d.target, [...(repairs.get(d.target) ?? []), clock()]);
       if (problem) {
         log.error("drift found, repair failed", { target: d.target, kind: d.kind, detail: d.detail, error: problem });
         await record("DriftRepairFailed", `${d.detail}; repair failed: ${problem}`);
