@@ -71,6 +71,7 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   const reported = new Map<string, string>();
   const repairs = new Map<string, number[]>();
   let repairCount = 0;
+  let lastUnwatched = 0;
 
   const changed = (paths: string[], unit?: string) => {
     if (stopped) return;
@@ -107,7 +108,8 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     written = writtenPaths(state.owned);
     units = new Set(Object.keys(state.owned.units).filter((u) => u !== deps.selfUnit));
     const { dirs, unwatched } = watchedDirs(written.keys(), maxWatches);
-    if (unwatched.length > 0) log.warn("too many directories to watch: these files are repaired only by the periodic re-check", { maxWatches, files: unwatched });
+    if (unwatched.length > 0 && unwatched.length !== lastUnwatched) log.warn("too many directories to watch: these files are repaired only by the periodic re-check", { maxWatches, files: unwatched });
+    lastUnwatched = unwatched.length; // said once, not after every reconcile
     const wanted = new Set(dirs);
     for (const [dir, w] of watchers) {
       if (wanted.has(dir)) continue;
