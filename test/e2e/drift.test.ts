@@ -8,7 +8,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import type { CoreV1Event } from "@kubernetes/client-node";
 import { parse, stringify } from "yaml";
-import { type AgentNode, nodeEvents, putOscSecret, readNode, startAgentNode, unitProperty, waitApplied } from "../harness/agent.ts";
+import { type AgentNode, nodeEvents, putOscSecret, readNode, registerNode, startAgentNode, unitProperty, waitApplied } from "../harness/agent.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
 
@@ -41,6 +41,17 @@ afterAll(async () => {
 });
 
 const sh = (script: string) => agent.node.execOk(["sh", "-c", script]);
+/** The agent's status file says its drift watches are up in `mode` and its OSC is applied. */
+const watching = (a: AgentNode, mode: string) =>
+  waitFor(
+    `${a.name}'s agent watching in mode ${mode}, its OSC applied`,
+    async () => {
+      const { components: c } = JSON.parse(await a.node.readFile("/run/trellis/status.json"));
+      return c.drift?.mode === mode && c.drift.watchedDirs > 0 && c.osc?.lastResult === "applied";
+    },
+    30_000,
+    100,
+  );
 const driftEvents = async () => (await nodeEvents(agent)).filter((e) => e.reason?.startsWith("Drift"));
 
 /** Waits for the Warning `reason` whose message contains `text`; returns it and the ms since `since`. */
@@ -165,17 +176,8 @@ test("mode report: drift is reported once and left as it is", async () => {
   const config = "/var/lib/gardener-node-agent/config.yaml";
   await agent.node.writeFile(config, (await agent.node.readFile(config)).replace("drift: {", "drift: {mode: report, "), 0o600);
   await agent.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
-  // The restarted agent's status file: its watches are up (report mode) and its first reconcile is done,
-  // which would otherwise repair an edit made before it silently.
-  await waitFor(
-    "the restarted agent watching in mode report, its OSC applied",
-    async () => {
-      const { components: c } = JSON.parse(await agent.node.readFile("/run/trellis/status.json"));
-      return c.drift?.mode === "report" && c.drift.watchedDirs > 0 && c.osc?.lastResult === "applied";
-    },
-    30_000,
-    100,
-  );
+  // Its watches up and its first reconcile done, which would otherwise repair an edit made before it silently.
+  await watching(agent, "report");
   const t0 = performance.now();
   await sh("echo 'left alone' > /etc/web/index.html");
   const { event } = await waitForEvent("DriftDetected", "/etc/web/index.html: content differs", t0);
@@ -183,3 +185,21 @@ test("mode report: drift is reported once and left as it is", async () => {
   expect(await agent.node.readFile("/etc/web/index.html")).toBe("left alone\n");
   expect(event.count ?? 1).toBe(1);
 }, 60_000);
+
+test("drift repaired before kubelet registered the Node is reported once the Node is there", async () => {
+  const name = "gardener-node-agent-drift-late";
+  const late = await startAgentNode(cluster, { prefix: "drift-late", secretName: name, registerNode: false });
+  try {
+    // Only the ticker: the web service's port is the first node's.
+    const tickerOnly = { ...oscDoc, spec: { ...oscDoc.spec, units: [oscDoc.spec.units[1]], files: [oscDoc.spec.files[1]] } };
+    await putOscSecret(cluster, name, stringify(tickerOnly));
+    await watching(late, "repair");
+    await late.node.execOk(["sh", "-c", "echo 'before the Node' > /etc/ticker/message"]);
+    await waitFor("the file repaired", async () => (await late.node.readFile("/etc/ticker/message")) === "tick\n", 10_000, 50);
+    await registerNode(late.core, late.name);
+    const event = await waitFor("the DriftRepaired event", async () => (await nodeEvents(late)).find((e) => e.reason === "DriftRepaired"), 20_000, 100);
+    expect(event.message).toStartWith("/etc/ticker/message: content differs");
+  } finally {
+    await late.node.stop();
+  }
+}, 90_000);
