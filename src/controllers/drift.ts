@@ -22,7 +22,8 @@ import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged } from "../kube/node.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
-import { type Drift, driftKinds, type Written, fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../plan/drift.ts";
+import type { Step } from "../plan/types.ts";
+import { type Drift, driftInSteps, driftKinds, type Written, fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../plan/drift.ts";
 import type { OscController } from "./osc.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
 import { assessUnit } from "./unit-health.ts";
@@ -72,6 +73,8 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   const repairs = new Map<string, number[]>();
   let repairCount = 0;
   let lastUnwatched = 0;
+  // While this controller's own repair reconcile runs: its writes are reported by repair().
+  let repairing = false;
 
   const changed = (paths: string[], unit?: string) => {
     if (stopped) return;
@@ -174,8 +177,7 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     for (const d of drifts) {
       if (reported.get(d.target) === d.detail) continue;
       reported.set(d.target, d.detail);
-      found.inc({ kind: d.kind });
-      repairCount++;
+      count(d, false);
       log.warn("drift found (report only: controllers.drift.mode is report)", { target: d.target, kind: d.kind, detail: d.detail });
       await record("DriftDetected", `${d.detail} (not repaired: controllers.drift.mode is report)`);
     }
@@ -186,7 +188,8 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     const files = drifts.filter((d) => d.kind !== "unit-stopped");
     let failure: string | undefined;
     if (files.length > 0) {
-      const applied = await reconcile(`drift: ${files.map((d) => d.target).join(", ")}`);
+      repairing = true;
+      const applied = await reconcile(`drift: ${files.map((d) => d.target).join(", ")}`).finally(() => (repairing = false));
       if (!applied) failure = "the reconcile that repairs it did not complete (see OSCApplyFailed)";
     }
     const after = writtenPaths((await deps.store.read()).owned);
@@ -202,9 +205,7 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
         const left = want ? fileDrift(d.target, want, await observeFile(deps.files, d.target)) : undefined;
         if (left) problem ??= `still differs: ${left.detail}`;
       }
-      found.inc({ kind: d.kind });
-      repairCount++;
-      repairs.set(d.target, [...(repairs.get(d.target) ?? []), clock()]);
+      count(d, true);
       if (problem) {
         log.error("drift found, repair failed", { target: d.target, kind: d.kind, detail: d.detail, error: problem });
         await record("DriftRepairFailed", `${d.detail}; repair failed: ${problem}`);
@@ -218,6 +219,26 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   }
 
   // A drift found right after the agent started, before its Node watch delivered the Node, is still said.
+  function count(d: Drift, repaired: boolean): void {
+    found.inc({ kind: d.kind });
+    repairCount++;
+    if (repaired) repairs.set(d.target, [...(repairs.get(d.target) ?? []), clock()]);
+  }
+
+  // A reconcile that found drift before the watches did (the periodic re-check, drift while the agent
+  // was down, a directory beyond maxWatches) repaired it as part of its apply: said all the same.
+  async function repairedByReconcile(executed: readonly Step[]): Promise<void> {
+    const drifts = driftInSteps(executed);
+    if (drifts.length === 0) return;
+    for (const d of drifts) {
+      count(d, true);
+      log.warn("drift repaired by a reconcile", { target: d.target, kind: d.kind, detail: d.detail });
+      await record("DriftRepaired", `${d.detail}; repaired by a reconcile (the periodic re-check, or one that came first)`);
+    }
+    report();
+    await updateCondition();
+  }
+
   async function record(reason: string, message: string): Promise<void> {
     const node = deps.node.current();
     const event = { type: "Warning" as const, reason, message };
@@ -255,7 +276,10 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   const refreshing = () =>
     refresh().catch((err: unknown) => log.error("could not update the drift watches", { error: describeError(err) }));
   void refreshing();
-  const unsubscribeReconciled = deps.osc.onReconciled(() => void refreshing());
+  const unsubscribeReconciled = deps.osc.onReconciled((executed) => {
+    void refreshing();
+    if (!repairing) void repairedByReconcile(executed);
+  });
   let unsubscribeUnits: () => void = () => {};
   deps.systemd
     .watchUnits((unit) => {

@@ -32,6 +32,7 @@ import type { NodeSource, StatusBoard } from "./types.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
+import type { Step } from "../plan/types.ts";
 import { parseRolloutSettings, poolLabel, type RolloutSettings } from "../api/rollout.ts";
 import { planForNode } from "../apply/observe.ts";
 import { disruptedUnits } from "../plan/disruption.ts";
@@ -97,8 +98,8 @@ export type OscController = {
    * OSC is applied after it.
    */
   between<T>(fn: (reconcile: (why: string) => Promise<boolean>) => Promise<T>): Promise<T>;
-  /** Calls `listener` after every reconcile (what trellis owns may have changed); returns an unsubscribe. */
-  onReconciled(listener: () => void): () => void;
+  /** Calls `listener` after every reconcile with the steps it executed (what trellis owns may have changed); returns an unsubscribe. */
+  onReconciled(listener: (executed: readonly Step[]) => void): () => void;
   stop(): Promise<void>;
 };
 
@@ -128,7 +129,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // Single flight: `pending` asks for one more run after the current one.
   let running: Promise<void> | undefined;
   let pending = false;
-  const reconciledListeners = new Set<() => void>();
+  const reconciledListeners = new Set<(executed: readonly Step[]) => void>();
+  // What the current reconcile's apply did, for the listeners.
+  let executed: readonly Step[] = [];
   let timer: ReturnType<typeof setTimeout> | undefined;
   const trigger = (why: string) => {
     if (stopped) return;
@@ -146,6 +149,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   };
   const reconcileOnce = async (why: string): Promise<void> => {
     const started = now();
+    executed = [];
     const wait = await reconcile(why).catch(async (err: unknown) => {
       const error = describeError(err);
       status.lastResult = "failed";
@@ -159,7 +163,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     reconciles.inc({ result: status.lastResult ?? "error" });
     report();
     schedule(wait);
-    for (const listener of reconciledListeners) listener();
+    for (const listener of reconciledListeners) listener(executed);
   };
   // The drift check compares the node with what the last apply recorded: during an apply the two
   // differ by design, so it runs only between reconciles, and a trigger meanwhile runs after it.
@@ -362,6 +366,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       log,
       selfUnit: deps.selfUnit,
     }).finally(() => clearInterval(renewal));
+    executed = outcome.executed;
     log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
       checksum,
       steps: outcome.executed.length,
@@ -446,6 +451,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "RolloutRolledBack", message: `OSC ${failed.slice(0, 12)} failed its health gate: going back to the last good OSC ${back.checksum.slice(0, 12)}` });
     log.warn("rolling back to the last good OSC", { failed, to: back.checksum });
     const outcome = await applyDesired(resolved.value, back.checksum, back.osc, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit });
+    executed = outcome.executed;
     if (!outcome.complete) {
       await reportFailure(deps.node.current(), back.checksum, outcome);
       return retryWait("a failed rollback");

@@ -3,6 +3,8 @@
 import { dirname } from "node:path";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
+import { driftReasons } from "./plan.ts";
+import type { Step } from "./types.ts";
 
 export type DriftKind = "content" | "mode" | "missing" | "unit-stopped";
 export const driftKinds: DriftKind[] = ["content", "mode", "missing", "unit-stopped"];
@@ -86,4 +88,14 @@ export function recurringDrift(
     next = next === undefined ? agesOut : Math.min(next, agesOut);
   }
   return { recurring: recurring.sort((a, b) => a.target.localeCompare(b.target)), ...(next !== undefined ? { nextChangeAtMs: next } : {}) };
+}
+
+/** The drift a reconcile repaired on its own (its plan's writes for drift: content or missing; a mode is not told apart from an OSC change). */
+export function driftInSteps(executed: readonly Step[]): Drift[] {
+  return executed.flatMap((s): Drift[] => {
+    if (s.kind !== "write") return [];
+    if (s.reason === driftReasons.missing) return [{ target: s.path, kind: "missing", detail: `${s.path}: missing` }];
+    if (s.reason === driftReasons.content) return [{ target: s.path, kind: "content", detail: `${s.path}: content differs from what trellis wrote` }];
+    return [];
+  });
 }

@@ -172,6 +172,20 @@ test("drift that keeps coming back sets ConfigurationDrift, cleared once quiet",
   expect(cleared).toMatchObject({ reason: "NoRecurringDrift", message: `no file or unit needed 3 repairs within ${recurringWindowS}s` });
 }, 90_000);
 
+test("drift made while the agent was down is repaired by its first reconcile, and reported", async () => {
+  await agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
+  await sh("rm /etc/ticker/message");
+  await agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
+  const event = await waitFor(
+    "the DriftRepaired event of the first reconcile",
+    async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message === "/etc/ticker/message: missing; repaired by a reconcile (the periodic re-check, or one that came first)"),
+    20_000,
+    100,
+  );
+  expect(event.type).toBe("Warning");
+  expect(await agent.node.readFile("/etc/ticker/message")).toBe("tick\n");
+}, 60_000);
+
 test("mode report: drift is reported once and left as it is", async () => {
   const config = "/var/lib/gardener-node-agent/config.yaml";
   await agent.node.writeFile(config, (await agent.node.readFile(config)).replace("drift: {", "drift: {mode: report, "), 0o600);

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { emptyOwned } from "../../src/api/state.ts";
 import { unitNameOfPath } from "../../src/host/systemd.ts";
-import { fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../../src/plan/drift.ts";
+import { driftInSteps, fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../../src/plan/drift.ts";
 
 const sha = (c: string) => c.repeat(64);
 
@@ -60,4 +60,20 @@ test("a unit's name from its D-Bus object path", () => {
   expect(unitNameOfPath("/org/freedesktop/systemd1/unit/web_2eservice")).toBe("web.service");
   expect(unitNameOfPath("/org/freedesktop/systemd1/unit/system_2dgetty_2eslice")).toBe("system-getty.slice");
   expect(unitNameOfPath("/org/freedesktop/systemd1/unit/a_5fb_40x_2eservice")).toBe("a_b@x.service");
+});
+
+test("the drift a reconcile repaired on its own: its writes for drift, not those for an OSC change", () => {
+  const write = (path: string, reason: string) => ({ kind: "write" as const, target: { type: "file" as const }, path, mode: 0o644, sha256: sha("a"), reason });
+  expect(
+    driftInSteps([
+      write("/a", "missing on disk (drift)"),
+      write("/b", "content on disk differs from what trellis wrote (drift)"),
+      write("/c", "content changed"),
+      write("/d", "new"),
+      { kind: "daemon-reload", reason: "unit files changed: x.service" },
+    ]),
+  ).toEqual([
+    { target: "/a", kind: "missing", detail: "/a: missing" },
+    { target: "/b", kind: "content", detail: "/b: content differs from what trellis wrote" },
+  ]);
 });
