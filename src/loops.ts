@@ -30,6 +30,11 @@ export function serializer(): Serializer {
 export type SingleFlight = {
   /** Runs a pass now, or once more after the one in flight (with the latest reason). */
   trigger(why: string): void;
+  /**
+   * Runs `fn` when no pass is in flight, and starts none while it runs; a trigger meanwhile runs its pass
+   * after it. Rejects once stopped.
+   */
+  exclusive<T>(fn: () => Promise<T>): Promise<T>;
   /** No pass starts after this; resolves once the one in flight has finished. */
   stop(): Promise<void>;
 };
@@ -54,8 +59,24 @@ export function singleFlight(pass: (why: string) => Promise<void>): SingleFlight
       running = undefined;
     });
   };
+  const exclusive = async <T>(fn: () => Promise<T>): Promise<T> => {
+    while (running) await running;
+    if (stopped) throw new Error("stopping: no more passes");
+    let release = () => {};
+    running = new Promise<void>((done) => (release = done));
+    try {
+      return await fn();
+    } finally {
+      running = undefined;
+      release();
+      const next = again;
+      again = undefined;
+      if (next !== undefined) trigger(next);
+    }
+  };
   return {
     trigger,
+    exclusive,
     stop: async () => {
       stopped = true;
       await running;

@@ -145,6 +145,19 @@ export const NodeAgentConfigurationSchema = object({
       }),
       {},
     ),
+    // trellis's own: gardener-node-agent repairs nothing once its checksum matches.
+    drift: v.optional(
+      object({
+        /** repair: at once and report; report: report only (the periodic re-check still repairs); disabled: no watches ("off" would be YAML 1.1's false). */
+        mode: v.optional(v.picklist(["repair", "report", "disabled"]), "repair"),
+        /** How long changes are gathered before they are looked at (an editor writes a file in several steps). */
+        debounce: v.optional(duration({ ms: 10, text: "10ms" }), "200ms"),
+        /** Repairs of one file or unit within recurringWindow that set the Node condition ConfigurationDrift. */
+        recurringRepairs: v.optional(v.pipe(v.number(), v.integer(), v.minValue(2)), 3),
+        recurringWindow: v.optional(duration({ ms: 1000, text: "1s" }), "10m"),
+      }),
+      {},
+    ),
   }),
 });
 

@@ -27,10 +27,7 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     [...paths].map(async (path) => {
       const at = await files.landsAt(path);
       if (at !== undefined && at !== path) landsAt.set(path, at);
-      const st = await files.stat(path);
-      if (!st || st.kind !== "file") return observedFiles.set(path, null);
-      const sha256 = await files.sha256(path);
-      observedFiles.set(path, sha256 === undefined ? null : { sha256, mode: st.mode });
+      observedFiles.set(path, (await observeFile(files, path)) ?? null);
     }),
   );
   if (!systemd) return { files: observedFiles, landsAt };
@@ -40,6 +37,14 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
   }
   return { files: observedFiles, landsAt, units: observedUnits };
+}
+
+/** Hash and mode of the regular file at `path`; undefined when there is none. */
+export async function observeFile(files: Files, path: string): Promise<{ sha256: string; mode: number } | undefined> {
+  const st = await files.stat(path);
+  if (!st || st.kind !== "file") return undefined;
+  const sha256 = await files.sha256(path);
+  return sha256 === undefined ? undefined : { sha256, mode: st.mode };
 }
 
 /** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */

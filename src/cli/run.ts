@@ -9,6 +9,7 @@ import { agentUnit, paths } from "../api/paths.ts";
 import { createStateStore, removeLeftoverTemp, stateLockPath } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
+import { startDriftController } from "../controllers/drift.ts";
 import { startHealthController } from "../controllers/health.ts";
 import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
@@ -104,11 +105,11 @@ export async function run(args: string[]): Promise<number> {
   let stopFor: (reason: string) => void = () => {};
   const stopRequested = new Promise<string>((done) => (stopFor = done));
 
-  // What the rollout and the OSC controller both work with: the one OSC Secret applied to this node.
-  const applying = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
-  const rollout = startRollout({ ...applying, stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold });
+  // What the OSC controller and the two that work alongside it (rollouts, drift) all use.
+  const shared = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
+  const rollout = startRollout({ ...shared, stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold });
   const osc = startOscController({
-    ...applying,
+    ...shared,
     metrics,
     kubernetesVersion: controllers.operatingSystemConfig.kubernetesVersion,
     syncPeriodMs: controllers.operatingSystemConfig.syncPeriod,
@@ -124,6 +125,7 @@ export async function run(args: string[]): Promise<number> {
     node,
     rollout,
     osc,
+    startDriftController({ ...shared, metrics, osc, selfUnit: agentUnit, config: controllers.drift }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
     startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),

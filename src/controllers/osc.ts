@@ -39,6 +39,7 @@ import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
+import type { Step } from "../api/plan.ts";
 import { parseRolloutSettings, poolLabel, type RolloutSettings } from "../api/rollout.ts";
 import { planForNode } from "../apply/observe.ts";
 import { disruptedUnits } from "../plan/disruption.ts";
@@ -105,6 +106,13 @@ export type OscController = {
   synced: Promise<void>;
   /** Resolves once the first reconcile ended, whatever its result (the agent tells systemd it is ready). */
   firstReconcile: Promise<void>;
+  /**
+   * Runs `fn` between reconciles, never during one; `reconcile` runs one there and says whether the
+   * OSC is applied after it.
+   */
+  between<T>(fn: (reconcile: (why: string) => Promise<boolean>) => Promise<T>): Promise<T>;
+  /** Calls `listener` after every reconcile with the steps it executed (what trellis owns may have changed); returns an unsubscribe. */
+  onReconciled(listener: (executed: readonly Step[]) => void): () => void;
   stop(): Promise<void>;
 };
 
@@ -138,11 +146,15 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let leftoverLeaseChecked = false;
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
+  const reconciledListeners = new Set<(executed: readonly Step[]) => void>();
+  // What the current reconcile's apply did, for the listeners.
+  let executed: readonly Step[] = [];
   let timer: ReturnType<typeof setTimeout> | undefined;
   let reconciled: () => void = () => {};
   const firstReconcile = new Promise<void>((done) => (reconciled = done));
-  const passes = singleFlight(async (why) => {
+  const reconcileOnce = async (why: string): Promise<void> => {
     const started = now();
+    executed = [];
     const wait = await reconcile(why).catch(async (err: unknown) => {
       const error = describeError(err);
       status.lastResult = "failed";
@@ -157,8 +169,19 @@ export function startOscController(deps: OscControllerDeps): OscController {
     report();
     reconciled();
     schedule(wait);
-  });
+    for (const listener of reconciledListeners) listener(executed);
+  };
+  const passes = singleFlight(reconcileOnce);
   const trigger = passes.trigger;
+  // The drift check compares the node with what the last apply recorded: during an apply the two
+  // differ by design, so it runs only between reconciles, as a pass of the same single flight.
+  const between = <T>(fn: (reconcile: (why: string) => Promise<boolean>) => Promise<T>): Promise<T> =>
+    passes.exclusive(() =>
+      fn(async (why) => {
+        await reconcileOnce(why);
+        return status.lastResult === "applied";
+      }),
+    );
   const schedule = (wait: Wait) => {
     if (timer) clearTimeout(timer);
     if (stopped) return;
@@ -353,6 +376,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       log,
       selfUnit: deps.selfUnit,
     }).finally(() => clearInterval(renewal));
+    executed = outcome.executed;
     log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
       checksum,
       steps: outcome.executed.length,
@@ -443,6 +467,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "RolloutRolledBack", message: `OSC ${failed.slice(0, 12)} failed its health gate: going back to the last good OSC ${back.checksum.slice(0, 12)}` });
     log.warn("rolling back to the last good OSC", { failed, to: back.checksum });
     const outcome = await applyDesired(resolved.value, back.checksum, back.osc, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit });
+    executed = outcome.executed;
     if (!outcome.complete) {
       await reportFailure(deps.node.current(), back.checksum, outcome);
       return retryWait("a failed rollback");
@@ -621,6 +646,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
   return {
     synced,
     firstReconcile,
+    between,
+    onReconciled: (listener) => {
+      reconciledListeners.add(listener);
+      return () => void reconciledListeners.delete(listener);
+    },
     stop: async () => {
       stopped = true;
       const finished = passes.stop();

@@ -51,6 +51,12 @@ export interface Systemd {
   /** Loads the unit if needed: a unit without a unit file reports loadState "not-found". */
   unitStatus(unit: string): Promise<UnitStatus>;
   listUnits(): Promise<ListedUnit[]>;
+  /**
+   * Calls `listener` with a unit's name whenever systemd says its state changed (PropertiesChanged of
+   * its Unit interface). Resolves once subscribed; the returned function unsubscribes. A new
+   * connection subscribes again, so after a lost bus the next call (any) resumes the signals.
+   */
+  watchUnits(listener: (unit: string) => void): Promise<() => void>;
   /** Closes the connection; pending calls fail. A later call reconnects. */
   close(): void;
 }
@@ -89,7 +95,25 @@ const MANAGER_PATH = "/org/freedesktop/systemd1";
 const MANAGER = "org.freedesktop.systemd1.Manager";
 const PROPERTIES = "org.freedesktop.DBus.Properties";
 
+const UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/";
+const jobsMatch = `type='signal',sender='${SYSTEMD}',path='${MANAGER_PATH}',interface='${MANAGER}',member='JobRemoved'`;
+const unitsMatch = `type='signal',sender='${SYSTEMD}',interface='${PROPERTIES}',member='PropertiesChanged',arg0='org.freedesktop.systemd1.Unit'`;
+
 type JobListener = (job: string, result: string) => void;
+
+/** A unit's name from its bus object path, where every byte but [A-Za-z0-9] is "_" and two hex digits. */
+export function unitNameOfPath(path: string): string {
+  const escaped = path.slice(UNIT_PATH_PREFIX.length);
+  const bytes: number[] = [];
+  for (let i = 0; i < escaped.length; i++) {
+    const hex = escaped[i] === "_" ? escaped.slice(i + 1, i + 3) : "";
+    if (/^[0-9a-f]{2}$/.test(hex)) {
+      bytes.push(Number.parseInt(hex, 16));
+      i += 2;
+    } else bytes.push(escaped.charCodeAt(i));
+  }
+  return new TextDecoder().decode(new Uint8Array(bytes));
+}
 
 // One bus connection. Losing it (the socket errors or closes) fails every call waiting on it
 // (unlessLost); the connection is then discarded and the next call opens a new one.
@@ -103,6 +127,8 @@ type Connection = {
   helloDone: boolean;
   jobListeners: Set<JobListener>;
   subscribed?: Promise<void>;
+  /** Match rules added on this connection (AddMatch), by rule. */
+  matches: Map<string, Promise<void>>;
   /** Fails the calls in flight and closes the socket; `unexpected` is logged. */
   drop(err: Error, unexpected: boolean): void;
 };
@@ -117,6 +143,7 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
   const jobTimeoutMs = opts.jobTimeoutMs ?? 120_000;
   const log = opts.log;
   let current: Connection | undefined;
+  const unitListeners = new Set<(unit: string) => void>();
 
   const fail = (kind: ErrorKind, c: Call, reason: string, detail?: string, cause?: unknown) =>
     new SystemdError(reason, kind, c.member, address, c.unit, detail, { cause });
@@ -137,6 +164,7 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       dead: false,
       helloDone: false,
       jobListeners: new Set(),
+      matches: new Map(),
       drop: (err, unexpected) => {
         if (conn.dead) return;
         conn.dead = true;
@@ -155,11 +183,19 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       log?.info("connected to D-Bus", { address, name: (bus as unknown as { name: string }).name });
     });
     bus.on("message", (msg: Message) => {
-      if (msg.type !== MessageType.SIGNAL || msg.interface !== MANAGER || msg.member !== "JobRemoved") return;
-      const [, job, , result] = msg.body as [number, string, string, string];
-      for (const listener of conn.jobListeners) listener(job, result);
+      if (msg.type !== MessageType.SIGNAL) return;
+      if (msg.interface === MANAGER && msg.member === "JobRemoved") {
+        const [, job, , result] = msg.body as [number, string, string, string];
+        for (const listener of conn.jobListeners) listener(job, result);
+      } else if (msg.interface === PROPERTIES && msg.member === "PropertiesChanged" && msg.path?.startsWith(UNIT_PATH_PREFIX)) {
+        const unit = unitNameOfPath(msg.path);
+        for (const listener of unitListeners) listener(unit);
+      }
     });
     current = conn;
+    if (unitListeners.size > 0) {
+      subscribe(conn, unitsMatch).catch((err: unknown) => log?.warn("could not subscribe to systemd's unit signals", { address, error: err }));
+    }
     return conn;
   }
 
@@ -190,25 +226,34 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
     }
   }
 
-  // systemd emits JobRemoved only to clients that called Subscribe, and the bus daemon only routes
-  // it to clients with a matching rule: both once per connection.
-  function subscribe(conn: Connection): Promise<void> {
-    conn.subscribed ??= (async () => {
-      const match = `type='signal',sender='${SYSTEMD}',path='${MANAGER_PATH}',interface='${MANAGER}',member='JobRemoved'`;
-      const bus = { dest: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", iface: "org.freedesktop.DBus" };
-      await call({ member: "AddMatch", ...bus, signature: "s", body: [match] }, conn);
-      await call({ member: "Subscribe" }, conn);
-    })().catch((err) => {
-      conn.subscribed = undefined; // let the next job try again
-      throw err;
-    });
-    return conn.subscribed;
+  // systemd emits its signals only to clients that called Subscribe (once per connection), and the
+  // bus daemon only routes them to clients with a matching rule (once per rule and connection).
+  function subscribe(conn: Connection, match: string): Promise<void> {
+    const bus = { dest: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", iface: "org.freedesktop.DBus" };
+    const added =
+      conn.matches.get(match) ??
+      call({ member: "AddMatch", ...bus, signature: "s", body: [match] }, conn).then(
+        () => undefined,
+        (err: unknown) => {
+          conn.matches.delete(match); // let the next caller try again
+          throw err;
+        },
+      );
+    conn.matches.set(match, added);
+    conn.subscribed ??= call({ member: "Subscribe" }, conn).then(
+      () => undefined,
+      (err: unknown) => {
+        conn.subscribed = undefined;
+        throw err;
+      },
+    );
+    return Promise.all([added, conn.subscribed]).then(() => undefined);
   }
 
   async function job(member: "StartUnit" | "RestartUnit" | "StopUnit", unit: string): Promise<void> {
     const c: Call = { member, unit, signature: "ss", body: [unit, "replace"] };
     const conn = connect(c);
-    await subscribe(conn).catch((err: SystemdError) => {
+    await subscribe(conn, jobsMatch).catch((err: SystemdError) => {
       throw fail(err.kind, c, `${err.method}: ${err.reason}`, err.detail, err);
     });
     // JobRemoved may arrive before we know the job's path: remember results until then.
@@ -295,6 +340,15 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       await call({ member: "RestartUnit", unit, signature: "ss", body: [unit, "replace"] });
     },
     stop: (unit) => job("StopUnit", unit),
+    watchUnits: async (listener) => {
+      unitListeners.add(listener);
+      const c: Call = { member: "AddMatch", unit: "(unit signals)" };
+      await subscribe(connect(c), unitsMatch).catch((err: unknown) => {
+        unitListeners.delete(listener);
+        throw err;
+      });
+      return () => void unitListeners.delete(listener);
+    },
     unitStatus,
     listUnits: async () => {
       const [list] = await call({ member: "ListUnits" });

@@ -170,10 +170,13 @@ export function makePlan(input: PlanInput): Plan {
 // OSC's units are 0600): fixing the mode alone is no reason to restart the unit.
 const modeOnly = (why: string) => why.startsWith("mode ");
 
+/** Reasons of a write that repairs drift (what trellis wrote, and the OSC still wants, changed on disk). */
+export const driftReasons = { missing: "missing on disk (drift)", content: "content on disk differs from what trellis wrote (drift)" } as const;
+
 function writeReason(onDisk: { sha256: string; mode: number } | null, writtenSha: string | undefined, sha256: string, mode: number): string | undefined {
-  if (!onDisk) return writtenSha === undefined ? "new" : "missing on disk (drift)";
+  if (!onDisk) return writtenSha === undefined ? "new" : driftReasons.missing;
   if (onDisk.sha256 !== sha256) {
-    if (writtenSha === sha256) return "content on disk differs from what trellis wrote (drift)";
+    if (writtenSha === sha256) return driftReasons.content;
     return writtenSha === undefined ? "content differs from the OSC" : "content changed";
   }
   if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}`; // keep "mode " first: modeOnly()

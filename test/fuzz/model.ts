@@ -187,5 +187,9 @@ export class ModelSystemd implements Systemd {
   async listUnits() {
     return [];
   }
+  // Nothing stops a unit behind the model's back: there is nothing to signal.
+  async watchUnits(): Promise<() => void> {
+    return () => {};
+  }
   close(): void {}
 }

@@ -53,6 +53,8 @@ export type AgentNodeOptions = {
   containerd?: boolean;
   /** Create the Node object (default); false: the test registers it later, as kubelet would (registerNode). */
   registerNode?: boolean;
+  /** More of the configuration's `controllers` section, as YAML indented by two spaces (e.g. "  drift: {mode: report}\n"). */
+  controllers?: string;
 };
 
 export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): Promise<AgentNode> {
@@ -90,7 +92,7 @@ controllers:
     secretName: ${opts.secretName}
     kubernetesVersion: 1.35.4
     syncPeriod: ${opts.syncPeriod ?? "10m"}
-`,
+${opts.controllers ?? ""}`,
     0o600,
   );
   await node.install(opts.binary ?? (await trellisBinary()), "/opt/bin/gardener-node-agent");

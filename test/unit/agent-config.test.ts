@@ -63,6 +63,15 @@ describe("NodeAgentConfiguration", () => {
     });
   });
 
+  test("trellis's drift block: repair by default, report only or off on request", () => {
+    const defaults = parseAgentConfig(minimal, "config.yaml");
+    if (!defaults.ok) throw new Error(defaults.errors.join("\n"));
+    expect(defaults.config.controllers.drift).toEqual({ mode: "repair", debounce: 200, recurringRepairs: 3, recurringWindow: 600_000 });
+    const r = parseAgentConfig(minimal + "  drift: {mode: report, debounce: 50ms, recurringRepairs: 5, recurringWindow: 1m}\n", "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.controllers.drift).toEqual({ mode: "report", debounce: 50, recurringRepairs: 5, recurringWindow: 60_000 });
+  });
+
   test("a full Gardener-written config is read", () => {
     const r = parseAgentConfig(
       `apiVersion: nodeagent.config.gardener.cloud/v1alpha1
@@ -101,6 +110,9 @@ controllers:
     ["stuckThreshold below 30s", minimal + "  systemdUnitCheck: {stuckThreshold: 10s}\n", "controllers.systemdUnitCheck.stuckThreshold: must be at least 30s"],
     ["healthCheck syncPeriod below 1s", minimal + "  healthCheck: {syncPeriod: 100ms}\n", "controllers.healthCheck.syncPeriod: must be at least 1s"],
     ["readinessFlaps below 2", minimal + "  healthCheck: {readinessFlaps: 1}\n", "controllers.healthCheck.readinessFlaps:"],
+    ["unknown drift mode", minimal + "  drift: {mode: ignore}\n", "controllers.drift.mode:"],
+    ["drift mode off (YAML 1.1's false)", minimal + "  drift: {mode: off}\n", "controllers.drift.mode:"],
+    ["recurringRepairs below 2", minimal + "  drift: {recurringRepairs: 1}\n", "controllers.drift.recurringRepairs:"],
     ["duplicate token paths", minimal + "  token:\n    syncConfigs: [{secretName: a, path: /t}, {secretName: b, path: /t}]\n", "controllers.token.syncConfigs: paths must be unique"],
     ["unknown logLevel", minimal + "logLevel: verbose\n", "logLevel:"],
     ["wrong kind", minimal.replace("kind: NodeAgentConfiguration", "kind: Pod"), "kind:"],

@@ -61,8 +61,8 @@ describe("docs/gardener-fields.md", () => {
 
   test.each([
     ["OperatingSystemConfig", OperatingSystemConfigSchema as v.GenericSchema, []],
-    // trellis's own health checks: gardener-node-agent hard-codes them (README).
-    ["NodeAgentConfiguration", NodeAgentConfigurationSchema as v.GenericSchema, ["controllers.healthCheck"]],
+    // trellis's own health checks (gardener-node-agent hard-codes them) and drift handling (README).
+    ["NodeAgentConfiguration", NodeAgentConfigurationSchema as v.GenericSchema, ["controllers.healthCheck", "controllers.drift"]],
   ] as const)("every key the %s schema knows is one of Gardener's fields", (kind, schema, own) => {
     const keys = keysOf(schema);
     expect(keys.length).toBeGreaterThan(20);
