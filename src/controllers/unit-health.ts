@@ -82,9 +82,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
         const error = describeError(err);
         log.error("could not check the systemd units", { error });
         deps.status.set("units", { ok: false, summary: `cannot check the systemd units: ${error}` });
-        // Retried soon (from 0.5-1 s, doubling, at most syncPeriod): readiness must not stay down for a whole
-        // syncPeriod after the cause (the API server, D-Bus) is back.
-        return backoffDelay(++failures, { initialMs: 1000, maxMs: deps.config.syncPeriod }, Math.random());
+        return unitCheckRetryMs(++failures, deps.config.syncPeriod, Math.random());
       },
     ),
   );
@@ -92,6 +90,16 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
   void deps.nodes.found.then(() => loop.wake());
 
   return { stop: () => loop.stop() };
+}
+
+/**
+ * When a failed unit check is tried again: soon (0.5-1 s, doubling) and never more than 5 s apart however
+ * long the failure lasted (one D-Bus read and one patch), so readiness is back within seconds of the API
+ * server or D-Bus; found by the 5-minute apiserver-down chaos run, where a backoff growing to the
+ * syncPeriod left /readyz at 503 for up to a minute after the API server was back.
+ */
+export function unitCheckRetryMs(failures: number, syncPeriodMs: number, random: number): number {
+  return backoffDelay(failures, { initialMs: 1000, maxMs: Math.min(5_000, syncPeriodMs) }, random);
 }
 
 /** How one managed unit is doing, from what the OSC wants of it and what systemd says. Pure. */

@@ -1,7 +1,7 @@
 // The rules of the SystemdUnitsReady condition (src/controllers/unit-health.ts), one row per case.
 import { describe, expect, test } from "bun:test";
 import type { OwnedUnit } from "../../src/api/state.ts";
-import { assessUnit, conditionOf, type UnitVerdict } from "../../src/controllers/unit-health.ts";
+import { assessUnit, conditionOf, unitCheckRetryMs, type UnitVerdict } from "../../src/controllers/unit-health.ts";
 import type { UnitStatus } from "../../src/host/systemd.ts";
 
 const nowMs = Date.parse("2026-08-01T12:00:00Z");
@@ -50,6 +50,13 @@ const cases: [string, OwnedUnit, Partial<UnitStatus>, Omit<UnitVerdict, "unit">]
   ["enable: false and inactive", { ...enabled, enable: false }, dead, { health: "healthy" }],
   ["enablement not recorded yet (a failed apply wrote it): expected to run", { dropIns: {} }, dead, { health: "unhealthy", why: "inactive but enabled" }],
 ];
+
+test("a failed unit check is retried within 5 s however long it kept failing (readiness back soon after an outage)", () => {
+  expect(unitCheckRetryMs(1, 60_000, 1)).toBe(1_000);
+  expect(unitCheckRetryMs(1, 60_000, 0)).toBe(500);
+  for (const failures of [4, 10, 300]) expect(unitCheckRetryMs(failures, 60_000, 1)).toBe(5_000);
+  expect(unitCheckRetryMs(300, 2_000, 1)).toBe(2_000); // never later than the syncPeriod itself
+});
 
 describe("assessUnit", () => {
   test.each(cases)("%s", (_, want, status, verdict) => {
