@@ -32,6 +32,15 @@ export const FileSchema = looseObject({
   hostName: v.optional(v.nullable(v.string())),
 });
 
+// Gardener's in-place node updates (gardenlet sets them for a pool with an in-place update strategy).
+// Times stay text: only whether they changed matters, as gardener-node-agent compares them.
+const rotationSchema = v.optional(v.nullable(looseObject({ lastInitiationTime: v.optional(v.nullable(v.string())) })));
+export const InPlaceUpdatesSchema = looseObject({
+  operatingSystemVersion: v.optional(v.string(), ""),
+  kubelet: v.optional(v.string(), ""),
+  credentialsRotation: v.optional(v.nullable(looseObject({ certificateAuthorities: rotationSchema, serviceAccountKey: rotationSchema }))),
+});
+
 export const OperatingSystemConfigSchema = looseObject({
   apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
   kind: v.literal("OperatingSystemConfig"),
@@ -40,12 +49,16 @@ export const OperatingSystemConfigSchema = looseObject({
     units: v.optional(v.nullable(v.array(UnitSchema))),
     files: v.optional(v.nullable(v.array(FileSchema))),
     criConfig: v.optional(v.nullable(CriConfigSchema)),
+    inPlaceUpdates: v.optional(v.nullable(InPlaceUpdatesSchema)),
   }),
   status: v.optional(
     v.nullable(
       looseObject({
         extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
         extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
+        inPlaceUpdates: v.optional(
+          v.nullable(looseObject({ osUpdate: v.optional(v.nullable(object({ command: v.string(), args: v.optional(v.nullable(v.array(v.string()))) }))) })),
+        ),
       }),
     ),
   ),
@@ -54,3 +67,4 @@ export const OperatingSystemConfigSchema = looseObject({
 export type OperatingSystemConfig = v.InferOutput<typeof OperatingSystemConfigSchema>;
 export type OscUnit = v.InferOutput<typeof UnitSchema>;
 export type OscFile = v.InferOutput<typeof FileSchema>;
+export type InPlaceUpdates = v.InferOutput<typeof InPlaceUpdatesSchema>;

@@ -41,6 +41,8 @@ import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, p
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
+import { inPlaceChangesOnNode, readyForUpdate, supportedInPlace, updateFailed } from "./in-place.ts";
+import { inPlaceFields, partsOf } from "../plan/in-place.ts";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -84,7 +86,8 @@ type OscControllerStatus = {
   synced: boolean;
   lastChecksum?: string;
   /** held: a rollout holds the OSC back on this node (paused, canary, window, slot, health gate). */
-  lastResult?: "applied" | "failed" | "invalid" | "waiting" | "held";
+  /** unsupported: the OSC asks for an in-place update trellis does not perform. */
+  lastResult?: "applied" | "failed" | "invalid" | "unsupported" | "waiting" | "held";
   lastError?: string;
   reconciles: number;
 };
@@ -96,6 +99,13 @@ export type OscController = {
 };
 
 type Wait = { atMs: number; why: string };
+
+/** How a refused OSC is reported: status, Warning event reason, Node condition reason, and in words. */
+type Refusal = { result: "invalid" | "unsupported"; event: string; reason: string; says: string };
+const refusals = {
+  invalid: { result: "invalid", event: "OSCInvalid", reason: "Invalid", says: "is invalid" },
+  unsupported: { result: "unsupported", event: "OSCUnsupported", reason: "InPlaceUpdateUnsupported", says: "asks for an in-place update trellis does not perform" },
+} as const satisfies Record<string, Refusal>;
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
 const registryProbeRetryMs = 10_000;
@@ -268,6 +278,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
       ...(state.owned.files[deps.selfBinary] ? { installed: state.owned.files[deps.selfBinary]?.sha256 } : {}),
     });
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
+    const inPlace = await inPlaceChangesOnNode(deps.files, layered.value.osc, source);
+    if (!inPlace.ok) return invalid(checksum, inPlace.errors);
+    const refused = partsOf(inPlace.value).filter((p) => !supportedInPlace.has(p.part));
+    if (refused.length > 0) {
+      return refuse(checksum, refused.map((p) => `${source}: ${inPlaceFields[p.part]}: ${p.what} in place is not supported by trellis`), refusals.unsupported);
+    }
     const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
     const settings = rollout.value;
@@ -484,20 +500,31 @@ export function startOscController(deps: OscControllerDeps): OscController {
     await deps.images.prune(keep).catch((err: unknown) => log.warn("could not prune the image cache", { error: describeError(err) }));
   }
 
-  async function invalid(checksum: string, errors: string[]): Promise<Wait> {
-    status.lastResult = "invalid";
+  function invalid(checksum: string, errors: string[]): Promise<Wait> {
+    return refuse(checksum, errors, refusals.invalid);
+  }
+
+  async function refuse(checksum: string, errors: string[], how: Refusal): Promise<Wait> {
+    status.lastResult = how.result;
     status.lastError = errors.join("; ");
     // The node keeps its last good state; the Secret's next change wakes the controller again.
-    log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
+    log.error(`the OSC ${how.says}; nothing was changed on the node`, { checksum, errors });
     const current = deps.node.current();
     // Once per problem, not per checksum: the checksum is osc.yaml's, and a Secret whose overlays or
     // rollout annotations change keeps it, so a new problem there would otherwise never be reported.
     const reported = note(checksum).reported;
-    const key = `invalid/${errors.join("\n")}`;
+    const key = `${how.result}/${errors.join("\n")}`;
     if (current && !reported.has(key)) {
       reported.add(key);
-      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
-      await setCondition(current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: how.event, message: errors.join("\n") });
+      await setCondition(current, "False", how.reason, `OSC ${checksum.slice(0, 12)} ${how.says}; the node keeps its last good state: ${errors.join("; ")}`);
+    }
+    // machine-controller-manager drained the node for an update that will not happen here: say so, as
+    // gardener-node-agent says a failed one, rather than leave the Machine waiting.
+    if (how.result === "unsupported" && current && readyForUpdate(current)) {
+      const failed = updateFailed(errors.join("; "));
+      const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
+      if (Object.entries({ ...failed.labels, ...failed.annotations }).some(([k, v]) => have[k] !== v)) await patchNodeMetadata(deps.kube, current.metadata?.name as string, failed);
     }
     return periodic();
   }

@@ -24,6 +24,11 @@ export type WorkerOscInput = {
   maxPods?: number;
   /** KubeletConfiguration fields set in the rendered file, as a provider's webhook would (after failCgroupV1: false). */
   kubeletConfig?: Record<string, unknown>;
+  /** The pool's update strategy (AutoInPlaceUpdate: the OSC carries spec.inPlaceUpdates) and machine image version. */
+  updateStrategy?: "AutoRollingUpdate" | "AutoInPlaceUpdate" | "ManualInPlaceUpdate";
+  imageVersion?: string;
+  /** The Shoot's status.credentials.rotation: lastInitiationTime of a CA and a service-account key rotation. */
+  credentialsRotation?: { certificateAuthorities?: { lastInitiationTime: string }; serviceAccountKey?: { lastInitiationTime: string } };
   /** A file no unit lists, at /etc/e2e/unrelated. */
   extraFile?: string;
 };
@@ -53,6 +58,9 @@ export async function workerOsc(i: WorkerOscInput): Promise<WorkerOsc> {
       clusterDNS: ["10.0.0.10"],
       ...(i.maxPods ? { maxPods: i.maxPods } : {}),
       kubeletConfigPatch: { failCgroupV1: false, ...i.kubeletConfig },
+      ...(i.updateStrategy ? { updateStrategy: i.updateStrategy } : {}),
+      ...(i.imageVersion ? { imageVersion: i.imageVersion } : {}),
+      ...(i.credentialsRotation ? { credentialsRotation: rotationStatus(i.credentialsRotation) } : {}),
     }),
   );
   await runOk([await rendererBinary(), "--values", `${dir}/values.json`, "--out", `${dir}/osc.yaml`, "--secret-out", `${dir}/secret.yaml`]);
@@ -62,4 +70,9 @@ export async function workerOsc(i: WorkerOscInput): Promise<WorkerOsc> {
   const doc = parse(rendered.osc);
   doc.status = { ...doc.status, extensionFiles: [{ path: "/etc/e2e/unrelated", permissions: 0o644, content: { inline: { data: i.extraFile } } }] };
   return { ...rendered, osc: stringify(doc) };
+}
+
+// The Shoot's rotation status as gardenlet reads it (each rotation has a phase besides its time).
+function rotationStatus(r: NonNullable<WorkerOscInput["credentialsRotation"]>) {
+  return Object.fromEntries(Object.entries(r).map(([kind, v]) => [kind, { phase: "Prepared", ...v }]));
 }

@@ -1,0 +1,94 @@
+// Gardener's in-place node updates on a real worker: a pool with the AutoInPlaceUpdate strategy, its OSC
+// rendered by Gardener's own code (test/peer/osc-render: spec.inPlaceUpdates with the machine image's
+// version, kubelet's version and the Shoot's credential rotations), applied by the compiled agent to a
+// node running the real kubelet and containerd. machine-controller-manager's part — draining the node
+// and setting the Node condition InPlaceUpdate=ReadyForUpdate — is played by the test, through the API.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import { nodeEvents, putOscSecret, readNode } from "../harness/agent.ts";
+import { waitFor } from "../harness/exec.ts";
+import { bringUpWorker, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
+import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
+
+let world: WorkerWorld;
+let w: Worker;
+
+beforeAll(async () => {
+  world = await startWorkerWorld();
+  w = await bringUpWorker(world, "inplace", { osc: { updateStrategy: "AutoInPlaceUpdate" } });
+}, 600_000);
+
+afterAll(async () => {
+  await w?.bare.stop();
+  await world?.stop();
+}, 60_000);
+
+const core = () => world.cluster.admin().makeApiClient(CoreV1Api);
+const appliedChecksum = async () => (await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"];
+const oscCondition = async () => (await readNode(w.bare)).status?.conditions?.find((c) => c.type === "OperatingSystemConfigApplied");
+
+/** Renders the pool's OSC with `changes` into its Secret; returns the checksum. */
+async function putOsc(changes: Partial<WorkerOscInput>): Promise<string> {
+  return putOscSecret(world.cluster, w.secretName, (await workerOsc({ ...w.input, ...changes })).osc);
+}
+
+/** What machine-controller-manager does once it drained the node for its in-place update. */
+async function markReadyForUpdate(): Promise<void> {
+  const condition = { type: "InPlaceUpdate", status: "True", reason: "ReadyForUpdate", message: "Node drain successful. Node is ready for update", lastTransitionTime: new Date() };
+  await core().patchNodeStatus({ name: w.bare.name, body: { status: { conditions: [condition] } } }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
+}
+
+/** machine-controller-manager's bookkeeping removed, as after an update it has recorded. */
+async function clearUpdateMarks(): Promise<void> {
+  const node = await readNode(w.bare);
+  const conditions = (node.status?.conditions ?? []).filter((c) => c.type !== "InPlaceUpdate");
+  await core().patchNodeStatus({ name: w.bare.name, body: [{ op: "replace", path: "/status/conditions", value: conditions }] }, setHeaderOptions("Content-Type", PatchStrategy.JsonPatch));
+  await core().patchNode(
+    { name: w.bare.name, body: { metadata: { labels: { "node.machine.sapcloud.io/update-result": null }, annotations: { "node.machine.sapcloud.io/update-failed-reason": null } } } },
+    setHeaderOptions("Content-Type", PatchStrategy.MergePatch),
+  );
+}
+
+async function warning(reason: string, containing: string): Promise<string> {
+  return waitFor(`a ${reason} Warning naming ${containing}`, async () => (await nodeEvents(w.bare)).find((e) => e.reason === reason && e.message?.includes(containing))?.message, 60_000, 250);
+}
+
+describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => {
+  test("the pool's first OSC carries spec.inPlaceUpdates and is applied as any first OSC", async () => {
+    const rendered = await workerOsc(w.input);
+    expect(rendered.osc).toMatch(/inPlaceUpdates:\n\s+kubelet: 1\.35\.4\n\s+operatingSystemVersion: "12"/);
+    expect(await appliedChecksum()).toBe(w.checksum);
+  });
+
+  test("a CA rotation in place is refused: a Warning naming the field, the condition, the checksum not stamped, nothing restarted", async () => {
+    const before = await unitPids(w);
+    await putOsc({ credentialsRotation: { certificateAuthorities: { lastInitiationTime: "2026-11-25T10:00:00Z" } } });
+    const message = await warning("OSCUnsupported", "spec.inPlaceUpdates.credentialsRotation.certificateAuthorities.lastInitiationTime");
+    expect(message).toContain("a certificate authority rotation in place is not supported by trellis");
+    const condition = await waitFor("the condition InPlaceUpdateUnsupported", async () => ((await oscCondition())?.reason === "InPlaceUpdateUnsupported" ? oscCondition() : undefined), 30_000, 250);
+    expect(condition).toMatchObject({ status: "False" });
+    expect(await appliedChecksum()).toBe(w.checksum);
+    expect(await unitPids(w)).toEqual(before);
+    // Not an update machine-controller-manager drained the node for: its label stays off.
+    expect((await readNode(w.bare)).metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBeUndefined();
+  }, 120_000);
+
+  test("an OS update the node was drained for is refused, and machine-controller-manager is told: update-result=failed with the reason", async () => {
+    await markReadyForUpdate();
+    await putOsc({ imageVersion: "13" });
+    await warning("OSCUnsupported", "spec.inPlaceUpdates.operatingSystemVersion");
+    const node = await waitFor("the update-result=failed label", async (): Promise<V1Node | undefined> => {
+      const n = await readNode(w.bare);
+      return n.metadata?.labels?.["node.machine.sapcloud.io/update-result"] === "failed" ? n : undefined;
+    }, 30_000, 250);
+    expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toContain("an OS update from 12 to 13 in place is not supported by trellis");
+    expect(await appliedChecksum()).toBe(w.checksum);
+    await clearUpdateMarks();
+  }, 120_000);
+
+  test("the pool's OSC as it was: the node reports it applied again", async () => {
+    await putOsc({});
+    await waitFor("the condition Applied again", async () => ((await oscCondition())?.reason === "Applied" ? true : undefined), 60_000, 250);
+    expect(await appliedChecksum()).toBe(w.checksum);
+  }, 120_000);
+});
