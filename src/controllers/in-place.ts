@@ -5,11 +5,16 @@
 // OSC is not applied and not reported as applied.
 import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../api/desired.ts";
+import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import { paths } from "../api/paths.ts";
 import type { Result } from "../api/result.ts";
+import { jsonStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
-import { type InPlaceChanges, type InPlacePart, inPlaceChanges, noInPlaceChanges, osVersionOf } from "../plan/in-place.ts";
+import { type InPlacePart, inPlaceChanges, noInPlaceChanges, osVersionOf } from "../plan/in-place.ts";
+import { abortableSleep } from "../kube/watch.ts";
+import { describeError } from "../log.ts";
+import { kubeletHealthz } from "./health.ts";
 
 /** machine-controller-manager's Node condition, reason, label and annotation (pkg/apis/machine/v1alpha1). */
 export const machineUpdate = {
@@ -19,10 +24,12 @@ export const machineUpdate = {
   successful: "successful",
   failed: "failed",
   failedReason: "node.machine.sapcloud.io/update-failed-reason",
+  /** gardener-node-agent's own mark of an OS update it started; cleared with the result. */
+  updatingOsVersion: "node-agent.gardener.cloud/updating-operating-system-version",
 } as const;
 
 /** The parts of an in-place update trellis performs; an OSC asking for any other is refused. */
-export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>([]);
+export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet"]);
 
 const osRelease = "/etc/os-release";
 
@@ -43,3 +50,44 @@ export const readyForUpdate = (node: V1Node | undefined): boolean =>
 
 /** The Node metadata that tells machine-controller-manager the in-place update failed, and why. */
 export const updateFailed = (reason: string) => ({ labels: { [machineUpdate.resultLabel]: machineUpdate.failed }, annotations: { [machineUpdate.failedReason]: reason } });
+
+/** The Node metadata that tells machine-controller-manager the in-place update succeeded. */
+export const updateSucceeded = {
+  labels: { [machineUpdate.resultLabel]: machineUpdate.successful },
+  annotations: { [machineUpdate.failedReason]: null, [machineUpdate.updatingOsVersion]: null },
+};
+
+/** Whether machine-controller-manager waits for this node's result (gardener-node-agent's test). */
+export function awaitsResult(node: V1Node | undefined): boolean {
+  const result = node?.metadata?.labels?.[machineUpdate.resultLabel];
+  return (readyForUpdate(node) && result !== machineUpdate.successful) || result === machineUpdate.failed;
+}
+
+/** An in-place update waits for the drain, unless its last attempt failed (then it is retried at once). */
+export const mayUpdateInPlace = (node: V1Node | undefined): boolean => readyForUpdate(node) || node?.metadata?.labels?.[machineUpdate.resultLabel] === machineUpdate.failed;
+
+export const createInPlaceStore = (files: Files) => jsonStore(files, inPlaceStatePath, InPlaceStateSchema, () => ({}));
+
+/** kubelet's CPU manager state: stale once cpuManagerPolicy changed, and kubelet refuses to start with it. */
+export const cpuManagerState = "/var/lib/kubelet/cpu_manager_state";
+
+/** How long kubelet may take to answer /healthz after its in-place update, and how often it is asked (gardener-node-agent's). */
+export const kubeletHealthTimeoutMs = 5 * 60_000;
+const kubeletHealthIntervalMs = 5_000;
+
+/** Undefined once kubelet answers `url` healthy; else why not, when the timeout passed or `signal` aborted. */
+export async function waitKubeletHealthy(url: string, signal: AbortSignal, now: () => number = performance.now.bind(performance)): Promise<string | undefined> {
+  const deadline = now() + kubeletHealthTimeoutMs;
+  let last = "";
+  while (!signal.aborted) {
+    try {
+      await kubeletHealthz(url, kubeletHealthIntervalMs);
+      return undefined;
+    } catch (err) {
+      last = describeError(err);
+    }
+    if (now() >= deadline) return `kubelet is not healthy ${kubeletHealthTimeoutMs / 1000} s after its in-place update: ${last}`;
+    await abortableSleep(kubeletHealthIntervalMs, signal);
+  }
+  return `stopped waiting for kubelet's health: ${String(signal.reason)}`;
+}

@@ -41,8 +41,21 @@ import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, p
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
-import { inPlaceChangesOnNode, readyForUpdate, supportedInPlace, updateFailed } from "./in-place.ts";
-import { inPlaceFields, partsOf } from "../plan/in-place.ts";
+import {
+  awaitsResult,
+  cpuManagerState,
+  createInPlaceStore,
+  inPlaceChangesOnNode,
+  mayUpdateInPlace,
+  readyForUpdate,
+  supportedInPlace,
+  updateFailed,
+  updateSucceeded,
+  waitKubeletHealthy,
+} from "./in-place.ts";
+import { defaultKubeletHealthz } from "./health.ts";
+import { hasInPlaceChanges, inPlaceFields, partsOf } from "../plan/in-place.ts";
+import type { InPlaceChanges } from "../api/in-place-state.ts";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -126,6 +139,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // A long image download must not hold up the agent's shutdown.
   const stopping = new AbortController();
   let leftoverLeaseChecked = false;
+  const inPlaceStore = createInPlaceStore(deps.files);
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
   // Single flight: `pending` asks for one more run after the current one.
@@ -214,7 +228,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let delayAnnotation = deps.node.current()?.metadata?.annotations?.[annotations.reconciliationDelay];
   let layeredSecret = false;
   let labelsSeen = JSON.stringify(deps.node.current()?.metadata?.labels ?? {});
+  let drained = readyForUpdate(deps.node.current());
   const unsubscribe = deps.node.subscribe((n) => {
+    if (readyForUpdate(n) !== drained) {
+      drained = !drained;
+      trigger("in-place update condition changed");
+    }
     const value = n.metadata?.annotations?.[annotations.reconciliationDelay];
     const labelsNow = JSON.stringify(n.metadata?.labels ?? {});
     const labelsChanged = labelsNow !== labelsSeen;
@@ -283,6 +302,13 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const refused = partsOf(inPlace.value).filter((p) => !supportedInPlace.has(p.part));
     if (refused.length > 0) {
       return refuse(checksum, refused.map((p) => `${source}: ${inPlaceFields[p.part]}: ${p.what} in place is not supported by trellis`), refusals.unsupported);
+    }
+    // Once applied, the OSC is the last applied one: what is left of its in-place update is what was recorded.
+    const pending = (await inPlaceStore.read()).pending;
+    const inPlaceWork = pending?.checksum === checksum ? pending.changes : inPlace.value;
+    if (hasInPlaceChanges(inPlaceWork)) {
+      const wait = await startInPlace(checksum, inPlaceWork, pending?.checksum === checksum);
+      if (wait) return wait;
     }
     const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
@@ -360,6 +386,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
       await reportFailure(deps.node.current(), checksum, outcome);
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
+    if (hasInPlaceChanges(inPlaceWork)) {
+      const wait = await finishInPlace(checksum, inPlaceWork);
+      if (wait) return wait;
+    }
     failures = 0;
     status.lastResult = "applied";
     status.lastError = undefined;
@@ -436,6 +466,52 @@ export function startOscController(deps: OscControllerDeps): OscController {
     }
     await reportSuccess(deps.node.current(), { base: back.base, checksum: back.checksum }, resolved.value, outcome);
     return { atMs: now() + gateLookMs, why: "health gate of the rollback" };
+  }
+
+  /**
+   * Before an in-place update is applied: it waits until machine-controller-manager has drained the node
+   * (a Wait), is recorded, and kubelet's stale CPU manager state goes if cpuManagerPolicy changes.
+   */
+  async function startInPlace(checksum: string, work: InPlaceChanges, recorded: boolean): Promise<Wait | undefined> {
+    const current = deps.node.current();
+    const what = partsOf(work).map((p) => p.what).join(", ");
+    if (!mayUpdateInPlace(current)) {
+      status.lastResult = "held";
+      status.lastError = `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
+      log.info("holding an in-place update back until the node is drained", { checksum, update: what });
+      if (current) await setCondition(current, "False", "InPlaceUpdatePending", `OSC ${checksum.slice(0, 12)}: ${status.lastError}`);
+      return periodic();
+    }
+    if (!recorded) await inPlaceStore.write({ pending: { checksum, changes: work } });
+    log.info("updating the node in place", { checksum, update: what });
+    if (work.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
+    return undefined;
+  }
+
+  /**
+   * After the apply of an in-place update: kubelet must prove healthy; then machine-controller-manager is
+   * told the result. A failure is reported (and retried) without reporting the OSC as applied.
+   */
+  async function finishInPlace(checksum: string, work: InPlaceChanges): Promise<Wait | undefined> {
+    const kubelet = work.kubeletMinorVersion !== undefined || work.kubeletConfig || work.cpuManagerPolicy;
+    const problem = kubelet ? await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal) : undefined;
+    const current = deps.node.current();
+    const name = current?.metadata?.name;
+    if (problem) {
+      status.lastResult = "failed";
+      status.lastError = problem;
+      log.error("the in-place update failed", { checksum, error: problem });
+      if (current && name) {
+        await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "InPlaceUpdateFailed", message: problem });
+        await patchNodeMetadata(deps.kube, name, updateFailed(problem));
+        await setCondition(current, "False", "InPlaceUpdateFailed", `OSC ${checksum.slice(0, 12)}: ${problem}`);
+      }
+      return retryWait("a failed in-place update");
+    }
+    if (name && awaitsResult(current)) await patchNodeMetadata(deps.kube, name, updateSucceeded);
+    await inPlaceStore.write({});
+    log.info("updated the node in place", { checksum, update: partsOf(work).map((p) => p.what).join(", ") });
+    return undefined;
   }
 
   function serialGate(current: V1Node) {

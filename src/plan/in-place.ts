@@ -5,6 +5,7 @@
 // kubeReserved, evictionHard thresholds or cpuManagerPolicy, a CA or a service-account key rotation
 // (a new lastInitiationTime). Everything else in the OSC is applied as for any pool. Pure.
 import { decodeInline } from "../api/desired.ts";
+import type { InPlaceChanges } from "../api/in-place-state.ts";
 import type { InPlaceUpdates, OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { decodeYamlBytes, parseYaml } from "../api/yaml.ts";
@@ -12,17 +13,6 @@ import { decodeYamlBytes, parseYaml } from "../api/yaml.ts";
 /** Where Gardener's OSC puts kubelet's configuration (components/kubelet PathKubeletConfig). */
 export const kubeletConfigPath = "/var/lib/kubelet/config/kubelet";
 
-export type VersionChange = { from: string; to: string };
-
-export type InPlaceChanges = {
-  operatingSystem?: VersionChange;
-  kubeletMinorVersion?: VersionChange;
-  /** kubeReserved or evictionHard thresholds of kubelet's configuration changed. */
-  kubeletConfig: boolean;
-  cpuManagerPolicy: boolean;
-  certificateAuthorities: boolean;
-  serviceAccountKey: boolean;
-};
 
 export const noInPlaceChanges: InPlaceChanges = { kubeletConfig: false, cpuManagerPolicy: false, certificateAuthorities: false, serviceAccountKey: false };
 

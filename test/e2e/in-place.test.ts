@@ -5,9 +5,9 @@
 // and setting the Node condition InPlaceUpdate=ReadyForUpdate — is played by the test, through the API.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
-import { nodeEvents, putOscSecret, readNode } from "../harness/agent.ts";
+import { nodeEvents, putOscSecret, readNode, waitApplied } from "../harness/agent.ts";
 import { waitFor } from "../harness/exec.ts";
-import { bringUpWorker, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
+import { bringUpWorker, readyAgain, readyHeartbeat, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
 import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
 
 let world: WorkerWorld;
@@ -91,4 +91,28 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     await waitFor("the condition Applied again", async () => ((await oscCondition())?.reason === "Applied" ? true : undefined), 60_000, 250);
     expect(await appliedChecksum()).toBe(w.checksum);
   }, 120_000);
+
+  test("kubelet's kubeReserved in place: held until the node is drained, then applied, kubelet healthy, update-result=successful, the checksum stamped", async () => {
+    const before = await unitPids(w);
+    const config = "/var/lib/kubelet/config/kubelet";
+    const checksum = await putOsc({ kubeletConfig: { kubeReserved: { cpu: "90m", memory: "900Mi" } } });
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
+    expect((await oscCondition())?.message).toContain("kubeReserved/evictionHard");
+    expect(await appliedChecksum()).toBe(w.checksum);
+    expect(await w.bare.node.readFile(config)).not.toContain("cpu: 90m");
+    expect((await unitPids(w)).kubelet).toBe(before.kubelet);
+
+    const heartbeat = await readyHeartbeat(w);
+    const since = Date.now();
+    await markReadyForUpdate();
+    const node = await waitApplied(w.bare, checksum, 120_000, 250);
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+    expect(await w.bare.node.readFile(config)).toContain("cpu: 90m");
+    const after = await unitPids(w);
+    expect(after.kubelet).not.toBe(before.kubelet);
+    expect(after.containerd).toBe(before.containerd);
+    await readyAgain(w, heartbeat, since);
+    expect(await oscCondition()).toMatchObject({ status: "True", reason: "Applied" });
+    await clearUpdateMarks();
+  }, 240_000);
 });

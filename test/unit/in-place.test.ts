@@ -2,7 +2,9 @@
 // computes it: only between two OSCs that both carry spec.inPlaceUpdates.
 import { describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
+import type { V1Node } from "@kubernetes/client-node";
 import * as v from "valibot";
+import { awaitsResult, mayUpdateInPlace } from "../../src/controllers/in-place.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../../src/api/osc.ts";
 import { hasInPlaceChanges, inPlaceChanges, kubeletConfigPath, noInPlaceChanges, osVersionOf, partsOf } from "../../src/plan/in-place.ts";
 
@@ -78,5 +80,24 @@ describe("in-place changes", () => {
     expect(osVersionOf('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\n')).toBe("12");
     expect(osVersionOf('NAME="Garden Linux"\nPRETTY_NAME="Garden Linux 1592.1"\n')).toBe("1592.1");
     expect(osVersionOf("NAME=x\n")).toBeUndefined();
+  });
+});
+
+describe("machine-controller-manager's part", () => {
+  const node = (labels: Record<string, string>, reason?: string): V1Node => ({
+    metadata: { labels },
+    status: { conditions: reason ? [{ type: "InPlaceUpdate", status: "True", reason }] : [] },
+  });
+  test("an in-place update waits for the drain (InPlaceUpdate=ReadyForUpdate), unless its last attempt failed", () => {
+    expect(mayUpdateInPlace(undefined)).toBe(false);
+    expect(mayUpdateInPlace(node({}, "SelectedForUpdate"))).toBe(false);
+    expect(mayUpdateInPlace(node({}, "ReadyForUpdate"))).toBe(true);
+    expect(mayUpdateInPlace(node({ "node.machine.sapcloud.io/update-result": "failed" }))).toBe(true);
+  });
+  test("the result is told while machine-controller-manager waits for it, once", () => {
+    expect(awaitsResult(node({}, "ReadyForUpdate"))).toBe(true);
+    expect(awaitsResult(node({ "node.machine.sapcloud.io/update-result": "successful" }, "ReadyForUpdate"))).toBe(false);
+    expect(awaitsResult(node({ "node.machine.sapcloud.io/update-result": "failed" }))).toBe(true);
+    expect(awaitsResult(node({}))).toBe(false);
   });
 });
