@@ -94,6 +94,7 @@ export async function run(args: string[]): Promise<number> {
     secretName: controllers.operatingSystemConfig.secretName,
     stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
   });
+  const tokens = startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod });
   const running: Controller[] = [
     node,
     rollout,
@@ -116,10 +117,11 @@ export async function run(args: string[]): Promise<number> {
       configDir: resolve(values["config-dir"]),
       images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
       rollout,
+      tokens,
     }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
-    startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
+    tokens,
     startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),

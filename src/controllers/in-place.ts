@@ -29,7 +29,7 @@ export const machineUpdate = {
 } as const;
 
 /** The parts of an in-place update trellis performs; an OSC asking for any other is refused. */
-export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet"]);
+export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet", "serviceAccountKey"]);
 
 const osRelease = "/etc/os-release";
 

@@ -54,6 +54,7 @@ import {
   waitKubeletHealthy,
 } from "./in-place.ts";
 import { defaultKubeletHealthz } from "./health.ts";
+import type { TokenController } from "./token.ts";
 import { hasInPlaceChanges, inPlaceFields, partsOf } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
@@ -92,6 +93,8 @@ export type OscControllerDeps = {
   images: ImageStore;
   /** Fleet rollouts: budget, health gate, windows, selection (src/controllers/rollout.ts). */
   rollout: Rollout;
+  /** The token files, brought in line after a service-account key rotation. */
+  tokens: Pick<TokenController, "resync">;
   now?: () => number;
 };
 
@@ -493,8 +496,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
    * told the result. A failure is reported (and retried) without reporting the OSC as applied.
    */
   async function finishInPlace(checksum: string, work: InPlaceChanges): Promise<Wait | undefined> {
-    const kubelet = work.kubeletMinorVersion !== undefined || work.kubeletConfig || work.cpuManagerPolicy;
-    const problem = kubelet ? await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal) : undefined;
+    const problem = await performInPlace(work);
     const current = deps.node.current();
     const name = current?.metadata?.name;
     if (problem) {
@@ -511,6 +513,19 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (name && awaitsResult(current)) await patchNodeMetadata(deps.kube, name, updateSucceeded);
     await inPlaceStore.write({});
     log.info("updated the node in place", { checksum, update: partsOf(work).map((p) => p.what).join(", ") });
+    return undefined;
+  }
+
+  /** What is left of an in-place update once its OSC is applied, in gardener-node-agent's order; why it failed, if it did. */
+  async function performInPlace(work: InPlaceChanges): Promise<string | undefined> {
+    if (work.kubeletMinorVersion !== undefined || work.kubeletConfig || work.cpuManagerPolicy) {
+      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
+      if (unhealthy) return unhealthy;
+    }
+    if (work.serviceAccountKey) {
+      const stale = await deps.tokens.resync();
+      if (stale.length > 0) return `service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`;
+    }
     return undefined;
   }
 

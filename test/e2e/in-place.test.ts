@@ -11,6 +11,8 @@ import { bringUpWorker, readyAgain, readyHeartbeat, startWorkerWorld, unitPids, 
 import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
 
 let world: WorkerWorld;
+/** kubelet's configuration after its in-place update. */
+const kubeletConfig = { kubeReserved: { cpu: "90m", memory: "900Mi" } };
 let w: Worker;
 
 beforeAll(async () => {
@@ -95,7 +97,7 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
   test("kubelet's kubeReserved in place: held until the node is drained, then applied, kubelet healthy, update-result=successful, the checksum stamped", async () => {
     const before = await unitPids(w);
     const config = "/var/lib/kubelet/config/kubelet";
-    const checksum = await putOsc({ kubeletConfig: { kubeReserved: { cpu: "90m", memory: "900Mi" } } });
+    const checksum = await putOsc({ kubeletConfig });
     await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
     expect((await oscCondition())?.message).toContain("kubeReserved/evictionHard");
     expect(await appliedChecksum()).toBe(w.checksum);
@@ -115,4 +117,16 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(await oscCondition()).toMatchObject({ status: "True", reason: "Applied" });
     await clearUpdateMarks();
   }, 240_000);
+
+  test("a service-account key rotation in place: held until the node is drained, then the token files read afresh, update-result=successful, nothing restarted", async () => {
+    const before = await unitPids(w);
+    const checksum = await putOsc({ kubeletConfig, credentialsRotation: { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" } } });
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("a service-account key rotation") ? true : undefined), 60_000, 250);
+    expect(await oscCondition()).toMatchObject({ status: "False", reason: "InPlaceUpdatePending" });
+    await markReadyForUpdate();
+    const node = await waitApplied(w.bare, checksum, 60_000, 250);
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+    expect(await unitPids(w)).toEqual(before);
+    await clearUpdateMarks();
+  }, 180_000);
 });
