@@ -94,6 +94,11 @@ export async function run(args: string[]): Promise<number> {
     secretName: controllers.operatingSystemConfig.secretName,
     stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold,
   });
+  // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
+  const certificate =
+    connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
+      ? startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })
+      : undefined;
   const tokens = startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod });
   const running: Controller[] = [
     node,
@@ -118,6 +123,8 @@ export async function run(args: string[]): Promise<number> {
       images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
       rollout,
       tokens,
+      certificate,
+      apiServer: { server: config.apiServer.server || kube.server, caFile: config.apiServer.caFile || paths.clusterCa },
     }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
@@ -126,10 +133,7 @@ export async function run(args: string[]): Promise<number> {
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
-    // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
-    ...(connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
-      ? [startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })]
-      : []),
+    ...(certificate ? [certificate] : []),
   ];
   for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
   const reason = await stopRequested;

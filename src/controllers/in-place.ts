@@ -7,10 +7,12 @@ import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../api/desired.ts";
 import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
-import { paths } from "../api/paths.ts";
+import { kubelet, paths } from "../api/paths.ts";
 import type { Result } from "../api/result.ts";
 import { jsonStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import { renderKubeconfig } from "../kube/csr-kubeconfig.ts";
 import { type InPlacePart, inPlaceChanges, noInPlaceChanges, osVersionOf } from "../plan/in-place.ts";
 import { abortableSleep } from "../kube/watch.ts";
 import { describeError } from "../log.ts";
@@ -29,7 +31,7 @@ export const machineUpdate = {
 } as const;
 
 /** The parts of an in-place update trellis performs; an OSC asking for any other is refused. */
-export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet", "serviceAccountKey"]);
+export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet", "serviceAccountKey", "certificateAuthorities"]);
 
 const osRelease = "/etc/os-release";
 
@@ -90,4 +92,25 @@ export async function waitKubeletHealthy(url: string, signal: AbortSignal, now: 
     await abortableSleep(kubeletHealthIntervalMs, signal);
   }
   return `stopped waiting for kubelet's health: ${String(signal.reason)}`;
+}
+
+const kubeletPki = "/var/lib/kubelet/pki";
+
+/**
+ * After a certificate authority rotation, kubelet asks for a client certificate of the new CA, as
+ * gardener-node-agent makes it: its current certificate becomes its bootstrap credential (with the
+ * API server's new CA bundle), its kubeconfig and certificates go, and it restarts — then it bootstraps,
+ * authenticated as itself, and kube-controller-manager approves and signs (selfnodeclient).
+ */
+export async function rebootstrapKubelet(files: Files, systemd: Pick<Systemd, "restart">, apiServer: { server: string; caFile: string }): Promise<void> {
+  const current = await files.read(kubelet.clientCertificate);
+  if (current && (await files.read(kubelet.realKubeconfig))) {
+    const pem = new TextDecoder().decode(current);
+    await files.writeAtomic(kubelet.bootstrapKubeconfig, renderKubeconfig({ server: apiServer.server, ca: { file: apiServer.caFile }, certPem: pem, keyPem: pem }), 0o600);
+  }
+  if (!(await files.stat(kubelet.bootstrapKubeconfig))) throw new Error(`${kubelet.bootstrapKubeconfig} does not exist: kubelet cannot bootstrap again`);
+  await files.remove(kubelet.realKubeconfig);
+  for (const name of await files.list(kubeletPki)) await files.remove(`${kubeletPki}/${name}`);
+  await files.removeDirIfEmpty(kubeletPki);
+  await systemd.restart("kubelet.service");
 }

@@ -45,6 +45,7 @@ import {
   awaitsResult,
   cpuManagerState,
   createInPlaceStore,
+  rebootstrapKubelet,
   inPlaceChangesOnNode,
   mayUpdateInPlace,
   readyForUpdate,
@@ -55,6 +56,7 @@ import {
 } from "./in-place.ts";
 import { defaultKubeletHealthz } from "./health.ts";
 import type { TokenController } from "./token.ts";
+import type { CertificateController } from "./certificate.ts";
 import { hasInPlaceChanges, inPlaceFields, partsOf } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
@@ -95,6 +97,9 @@ export type OscControllerDeps = {
   rollout: Rollout;
   /** The token files, brought in line after a service-account key rotation. */
   tokens: Pick<TokenController, "resync">;
+  /** After a certificate authority rotation: the agent's own certificate (none: it has none to renew), and kubelet's API server. */
+  certificate: Pick<CertificateController, "renewNow"> | undefined;
+  apiServer: { server: string; caFile: string };
   now?: () => number;
 };
 
@@ -525,6 +530,20 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (work.serviceAccountKey) {
       const stale = await deps.tokens.resync();
       if (stale.length > 0) return `service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`;
+    }
+    if (work.certificateAuthorities) {
+      try {
+        await deps.certificate?.renewNow();
+      } catch (err) {
+        return `certificate authority rotation: the agent's client certificate: ${describeError(err)}`;
+      }
+      try {
+        await rebootstrapKubelet(deps.files, deps.systemd, deps.apiServer);
+      } catch (err) {
+        return `certificate authority rotation: kubelet's bootstrap: ${describeError(err)}`;
+      }
+      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
+      if (unhealthy) return `certificate authority rotation: ${unhealthy}`;
     }
     return undefined;
   }

@@ -4,8 +4,9 @@
 // node running the real kubelet and containerd. machine-controller-manager's part — draining the node
 // and setting the Node condition InPlaceUpdate=ReadyForUpdate — is played by the test, through the API.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import { CertificatesV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import { nodeEvents, putOscSecret, readNode, waitApplied } from "../harness/agent.ts";
+import { decideCsr, waitForCsr } from "../harness/bootstrap.ts";
 import { waitFor } from "../harness/exec.ts";
 import { bringUpWorker, readyAgain, readyHeartbeat, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
 import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
@@ -62,11 +63,11 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(await appliedChecksum()).toBe(w.checksum);
   });
 
-  test("a CA rotation in place is refused: a Warning naming the field, the condition, the checksum not stamped, nothing restarted", async () => {
+  test("an OS update in place is refused: a Warning naming the field, the condition, the checksum not stamped, nothing restarted", async () => {
     const before = await unitPids(w);
-    await putOsc({ credentialsRotation: { certificateAuthorities: { lastInitiationTime: "2026-11-25T10:00:00Z" } } });
-    const message = await warning("OSCUnsupported", "spec.inPlaceUpdates.credentialsRotation.certificateAuthorities.lastInitiationTime");
-    expect(message).toContain("a certificate authority rotation in place is not supported by trellis");
+    await putOsc({ imageVersion: "13" });
+    const message = await warning("OSCUnsupported", "spec.inPlaceUpdates.operatingSystemVersion");
+    expect(message).toContain("an OS update from 12 to 13 in place is not supported by trellis");
     const condition = await waitFor("the condition InPlaceUpdateUnsupported", async () => ((await oscCondition())?.reason === "InPlaceUpdateUnsupported" ? oscCondition() : undefined), 30_000, 250);
     expect(condition).toMatchObject({ status: "False" });
     expect(await appliedChecksum()).toBe(w.checksum);
@@ -77,8 +78,6 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
 
   test("an OS update the node was drained for is refused, and machine-controller-manager is told: update-result=failed with the reason", async () => {
     await markReadyForUpdate();
-    await putOsc({ imageVersion: "13" });
-    await warning("OSCUnsupported", "spec.inPlaceUpdates.operatingSystemVersion");
     const node = await waitFor("the update-result=failed label", async (): Promise<V1Node | undefined> => {
       const n = await readNode(w.bare);
       return n.metadata?.labels?.["node.machine.sapcloud.io/update-result"] === "failed" ? n : undefined;
@@ -129,4 +128,36 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(await unitPids(w)).toEqual(before);
     await clearUpdateMarks();
   }, 180_000);
+
+  test("a CA rotation in place: the agent's and kubelet's client certificates requested anew, kubelet healthy and the node Ready, update-result=successful", async () => {
+    const agentKubeconfig = "/var/lib/gardener-node-agent/credentials/kubeconfig";
+    const kubeletCert = "/var/lib/kubelet/pki/kubelet-client-current.pem";
+    const [agentBefore, kubeletBefore, before] = [await w.bare.node.readFile(agentKubeconfig), await w.bare.node.readFile(kubeletCert), await unitPids(w)];
+    const checksum = await putOsc({
+      kubeletConfig,
+      credentialsRotation: { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" }, certificateAuthorities: { lastInitiationTime: "2026-11-25T13:00:00Z" } },
+    });
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("a certificate authority rotation") ? true : undefined), 60_000, 250);
+    const heartbeat = await readyHeartbeat(w);
+    const since = Date.now();
+    await markReadyForUpdate();
+    // The agent's renewal, authenticated with its current certificate, approved as Gardener's approver does it.
+    const csr = await waitForCsr(world.cluster, "the agent's CSR", (c) => (c.spec.username ?? "").startsWith("gardener.cloud:node-agent:machine:") && !c.status?.conditions?.length, 60_000);
+    await decideCsr(world.cluster, csr.metadata?.name as string, "Approved", "E2E", "approved by the test");
+    const node = await waitApplied(w.bare, checksum, 120_000, 250).catch(async (err) => {
+      console.error((await w.bare.node.exec(["journalctl", "--no-pager", "-n", "150", "-u", "kubelet", "-u", "gardener-node-agent"])).stdout);
+      throw err;
+    });
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+    expect(await w.bare.node.readFile(agentKubeconfig)).not.toBe(agentBefore);
+    expect(await w.bare.node.readFile(kubeletCert)).not.toBe(kubeletBefore);
+    const after = await unitPids(w);
+    expect(after.kubelet).not.toBe(before.kubelet);
+    expect({ containerd: after.containerd, agent: after.agent }).toEqual({ containerd: before.containerd, agent: before.agent });
+    await readyAgain(w, heartbeat, since);
+    // kubelet's new certificate was asked for as itself, and approved as a renewal (selfnodeclient).
+    const csrs = await world.cluster.admin().makeApiClient(CertificatesV1Api).listCertificateSigningRequest();
+    expect(csrs.items.some((c) => c.spec.username === `system:node:${w.bare.name}` && new Date(c.metadata?.creationTimestamp ?? 0).getTime() >= since - 1000)).toBe(true);
+    await clearUpdateMarks();
+  }, 240_000);
 });
