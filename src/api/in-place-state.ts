@@ -20,5 +20,14 @@ export const InPlaceChangesSchema = object({
 });
 export type InPlaceChanges = v.InferOutput<typeof InPlaceChangesSchema>;
 
-export const InPlaceStateSchema = object({ pending: v.optional(object({ checksum: v.string(), changes: InPlaceChangesSchema })) });
+export const InPlaceStateSchema = object({
+  pending: v.optional(
+    object({
+      checksum: v.string(),
+      changes: InPlaceChangesSchema,
+      /** The boot (kernel boot_id) in which the OS update command ran: a restart since then that left the old OS means it rolled back. */
+      osUpdateBoot: v.optional(v.string()),
+    }),
+  ),
+});
 export type InPlaceState = v.InferOutput<typeof InPlaceStateSchema>;

@@ -1,8 +1,9 @@
 // In-place node updates on the node, coordinated with machine-controller-manager as gardener-node-agent
 // does: MCM drains the node and sets the Node condition InPlaceUpdate with reason ReadyForUpdate; the
 // agent then updates the node and labels it update-result=successful (or failed, with the reason in an
-// annotation), which MCM turns into the Machine's phase. What trellis does not perform is refused: the
-// OSC is not applied and not reported as applied.
+// annotation), which MCM turns into the Machine's phase. Until then the OSC is not reported as applied.
+import { execFile } from "node:child_process";
+import { readFile } from "node:fs/promises";
 import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../api/desired.ts";
 import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
@@ -13,7 +14,7 @@ import { jsonStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { renderKubeconfig } from "../kube/csr-kubeconfig.ts";
-import { type InPlacePart, inPlaceChanges, noInPlaceChanges, osVersionOf } from "../plan/in-place.ts";
+import { inPlaceChanges, noInPlaceChanges, osVersionOf, sameVersion } from "../plan/in-place.ts";
 import { abortableSleep } from "../kube/watch.ts";
 import { describeError } from "../log.ts";
 import { kubeletHealthz } from "./health.ts";
@@ -30,10 +31,13 @@ export const machineUpdate = {
   updatingOsVersion: "node-agent.gardener.cloud/updating-operating-system-version",
 } as const;
 
-/** The parts of an in-place update trellis performs; an OSC asking for any other is refused. */
-export const supportedInPlace: ReadonlySet<InPlacePart> = new Set<InPlacePart>(["kubelet", "serviceAccountKey", "certificateAuthorities"]);
-
 const osRelease = "/etc/os-release";
+
+/** The node's OS version, as kubelet reports it (undefined: os-release names none). */
+export async function nodeOsVersion(files: Files): Promise<string | undefined> {
+  const release = await files.read(osRelease);
+  return release && osVersionOf(new TextDecoder().decode(release));
+}
 
 /** The in-place work `osc` asks of this node: against the last applied OSC and the node's OS version. */
 export async function inPlaceChangesOnNode(files: Files, osc: OperatingSystemConfig, source: string): Promise<Result<InPlaceChanges>> {
@@ -42,8 +46,38 @@ export async function inPlaceChangesOnNode(files: Files, osc: OperatingSystemCon
   if (!lastBytes) return { ok: true, value: noInPlaceChanges };
   const last = parseOscBytes(lastBytes, paths.lastAppliedOsc);
   if (!last.ok) return last;
-  const release = await files.read(osRelease);
-  return inPlaceChanges(last.value, osc, release && osVersionOf(new TextDecoder().decode(release)), source);
+  return inPlaceChanges(last.value, osc, await nodeOsVersion(files), source);
+}
+
+/** Whether the node runs OS version `want`. */
+export const osIsAt = async (files: Files, want: string): Promise<boolean> => {
+  const now = await nodeOsVersion(files);
+  return now !== undefined && sameVersion(now, want) === true;
+};
+
+/** This boot of the machine: changes only when the kernel restarts. */
+export const bootId = async (): Promise<string> => (await readFile("/proc/sys/kernel/random/boot_id", "utf8")).trim();
+
+/** How gardener-node-agent runs the OS extension's update command: again every 30 s for up to 5 min while it reports network problems. */
+const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retriable: /network problems/i };
+/** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
+const osUpdateRunMs = 10 * 60_000;
+
+/** Runs the OS update command; undefined once it succeeded, else why it failed (with its output). */
+export async function runOsUpdate(command: string, args: string[], signal: AbortSignal, now: () => number = performance.now.bind(performance)): Promise<string | undefined> {
+  const deadline = now() + osUpdateRetry.timeoutMs;
+  for (;;) {
+    const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
+      execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
+        const output = `${stdout}${stderr}`.trim().replace(/\s*\n\s*/g, " ").slice(-2000);
+        resolve(err ? { error: describeError(err), output } : { output });
+      });
+    });
+    if (outcome.error === undefined) return undefined;
+    const failure = `the OS update command ${[command, ...args].join(" ")} failed: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
+    if (!osUpdateRetry.retriable.test(outcome.output) || now() + osUpdateRetry.intervalMs > deadline || signal.aborted) return failure;
+    await abortableSleep(osUpdateRetry.intervalMs, signal);
+  }
 }
 
 /** Whether machine-controller-manager has drained the node for its in-place update. */

@@ -43,13 +43,17 @@ import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
 import {
   awaitsResult,
+  bootId,
   cpuManagerState,
   createInPlaceStore,
+  machineUpdate,
+  nodeOsVersion,
+  osIsAt,
   rebootstrapKubelet,
+  runOsUpdate,
   inPlaceChangesOnNode,
   mayUpdateInPlace,
   readyForUpdate,
-  supportedInPlace,
   updateFailed,
   updateSucceeded,
   waitKubeletHealthy,
@@ -57,7 +61,7 @@ import {
 import { defaultKubeletHealthz } from "./health.ts";
 import type { TokenController } from "./token.ts";
 import type { CertificateController } from "./certificate.ts";
-import { hasInPlaceChanges, inPlaceFields, partsOf } from "../plan/in-place.ts";
+import { hasInPlaceChanges, partsOf } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
 export const annotations = {
@@ -107,8 +111,7 @@ type OscControllerStatus = {
   synced: boolean;
   lastChecksum?: string;
   /** held: a rollout holds the OSC back on this node (paused, canary, window, slot, health gate). */
-  /** unsupported: the OSC asks for an in-place update trellis does not perform. */
-  lastResult?: "applied" | "failed" | "invalid" | "unsupported" | "waiting" | "held";
+  lastResult?: "applied" | "failed" | "invalid" | "waiting" | "held";
   lastError?: string;
   reconciles: number;
 };
@@ -121,12 +124,9 @@ export type OscController = {
 
 type Wait = { atMs: number; why: string };
 
-/** How a refused OSC is reported: status, Warning event reason, Node condition reason, and in words. */
-type Refusal = { result: "invalid" | "unsupported"; event: string; reason: string; says: string };
-const refusals = {
-  invalid: { result: "invalid", event: "OSCInvalid", reason: "Invalid", says: "is invalid" },
-  unsupported: { result: "unsupported", event: "OSCUnsupported", reason: "InPlaceUpdateUnsupported", says: "asks for an in-place update trellis does not perform" },
-} as const satisfies Record<string, Refusal>;
+/** What is left of an in-place update after its apply: failed, waiting for the machine to restart, or done (undefined). */
+type InPlaceOutcome = { failed: string } | { waiting: string } | undefined;
+type OsUpdate = { command: string; args?: string[] | null };
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
 const registryProbeRetryMs = 10_000;
@@ -307,10 +307,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
     const inPlace = await inPlaceChangesOnNode(deps.files, layered.value.osc, source);
     if (!inPlace.ok) return invalid(checksum, inPlace.errors);
-    const refused = partsOf(inPlace.value).filter((p) => !supportedInPlace.has(p.part));
-    if (refused.length > 0) {
-      return refuse(checksum, refused.map((p) => `${source}: ${inPlaceFields[p.part]}: ${p.what} in place is not supported by trellis`), refusals.unsupported);
-    }
     // Once applied, the OSC is the last applied one: what is left of its in-place update is what was recorded.
     const pending = (await inPlaceStore.read()).pending;
     const inPlaceWork = pending?.checksum === checksum ? pending.changes : inPlace.value;
@@ -395,7 +391,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
     if (hasInPlaceChanges(inPlaceWork)) {
-      const wait = await finishInPlace(checksum, inPlaceWork);
+      const wait = await finishInPlace(checksum, inPlaceWork, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
       if (wait) return wait;
     }
     failures = 0;
@@ -500,10 +496,18 @@ export function startOscController(deps: OscControllerDeps): OscController {
    * After the apply of an in-place update: kubelet must prove healthy; then machine-controller-manager is
    * told the result. A failure is reported (and retried) without reporting the OSC as applied.
    */
-  async function finishInPlace(checksum: string, work: InPlaceChanges): Promise<Wait | undefined> {
-    const problem = await performInPlace(work);
+  async function finishInPlace(checksum: string, work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<Wait | undefined> {
+    const outcome = await performInPlace(work, osUpdate);
     const current = deps.node.current();
     const name = current?.metadata?.name;
+    if (outcome && "waiting" in outcome) {
+      status.lastResult = "held";
+      status.lastError = outcome.waiting;
+      log.info("the in-place update waits for the machine to restart", { checksum, why: outcome.waiting });
+      if (current) await setCondition(current, "False", "InPlaceUpdateRestartPending", `OSC ${checksum.slice(0, 12)}: ${outcome.waiting}`);
+      return periodic();
+    }
+    const problem = outcome?.failed;
     if (problem) {
       status.lastResult = "failed";
       status.lastError = problem;
@@ -522,30 +526,59 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   /** What is left of an in-place update once its OSC is applied, in gardener-node-agent's order; why it failed, if it did. */
-  async function performInPlace(work: InPlaceChanges): Promise<string | undefined> {
+  async function performInPlace(work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+    const failed = (why: string | undefined) => (why === undefined ? undefined : { failed: why });
     if (work.kubeletMinorVersion !== undefined || work.kubeletConfig || work.cpuManagerPolicy) {
       const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
-      if (unhealthy) return unhealthy;
+      if (unhealthy) return failed(unhealthy);
+    }
+    if (work.operatingSystem) {
+      const os = await updateOs(work.operatingSystem.to, osUpdate);
+      if (os) return os;
     }
     if (work.serviceAccountKey) {
       const stale = await deps.tokens.resync();
-      if (stale.length > 0) return `service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`;
+      if (stale.length > 0) return failed(`service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`);
     }
     if (work.certificateAuthorities) {
       try {
         await deps.certificate?.renewNow();
       } catch (err) {
-        return `certificate authority rotation: the agent's client certificate: ${describeError(err)}`;
+        return failed(`certificate authority rotation: the agent's client certificate: ${describeError(err)}`);
       }
       try {
         await rebootstrapKubelet(deps.files, deps.systemd, deps.apiServer);
       } catch (err) {
-        return `certificate authority rotation: kubelet's bootstrap: ${describeError(err)}`;
+        return failed(`certificate authority rotation: kubelet's bootstrap: ${describeError(err)}`);
       }
       const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
-      if (unhealthy) return `certificate authority rotation: ${unhealthy}`;
+      if (unhealthy) return failed(`certificate authority rotation: ${unhealthy}`);
     }
     return undefined;
+  }
+
+  /**
+   * The OS update, with the OS extension's command (status.inPlaceUpdates.osUpdate), as gardener-node-agent
+   * runs it: the Node annotated with the version it goes to, the command run (it usually restarts the
+   * machine), and done once os-release names the version. The machine restarted without it: rolled back.
+   */
+  async function updateOs(want: string, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+    if (await osIsAt(deps.files, want)) return undefined;
+    const pending = (await inPlaceStore.read()).pending;
+    if (pending?.osUpdateBoot !== undefined) {
+      if (pending.osUpdateBoot === (await bootId())) return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
+      const have = (await nodeOsVersion(deps.files)) ?? "an unknown version";
+      return { failed: `the OS update to ${want} might have failed and rolled back: the machine restarted and runs ${have}` };
+    }
+    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)" };
+    const name = deps.node.current()?.metadata?.name;
+    if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [machineUpdate.updatingOsVersion]: want } });
+    log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want });
+    const failure = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], stopping.signal);
+    if (failure) return { failed: failure };
+    if (await osIsAt(deps.files, want)) return undefined;
+    if (pending) await inPlaceStore.write({ pending: { ...pending, osUpdateBoot: await bootId() } });
+    return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
   }
 
   function serialGate(current: V1Node) {
@@ -610,31 +643,20 @@ export function startOscController(deps: OscControllerDeps): OscController {
     await deps.images.prune(keep).catch((err: unknown) => log.warn("could not prune the image cache", { error: describeError(err) }));
   }
 
-  function invalid(checksum: string, errors: string[]): Promise<Wait> {
-    return refuse(checksum, errors, refusals.invalid);
-  }
-
-  async function refuse(checksum: string, errors: string[], how: Refusal): Promise<Wait> {
-    status.lastResult = how.result;
+  async function invalid(checksum: string, errors: string[]): Promise<Wait> {
+    status.lastResult = "invalid";
     status.lastError = errors.join("; ");
     // The node keeps its last good state; the Secret's next change wakes the controller again.
-    log.error(`the OSC ${how.says}; nothing was changed on the node`, { checksum, errors });
+    log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
     const current = deps.node.current();
     // Once per problem, not per checksum: the checksum is osc.yaml's, and a Secret whose overlays or
     // rollout annotations change keeps it, so a new problem there would otherwise never be reported.
     const reported = note(checksum).reported;
-    const key = `${how.result}/${errors.join("\n")}`;
+    const key = `invalid/${errors.join("\n")}`;
     if (current && !reported.has(key)) {
       reported.add(key);
-      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: how.event, message: errors.join("\n") });
-      await setCondition(current, "False", how.reason, `OSC ${checksum.slice(0, 12)} ${how.says}; the node keeps its last good state: ${errors.join("; ")}`);
-    }
-    // machine-controller-manager drained the node for an update that will not happen here: say so, as
-    // gardener-node-agent says a failed one, rather than leave the Machine waiting.
-    if (how.result === "unsupported" && current && readyForUpdate(current)) {
-      const failed = updateFailed(errors.join("; "));
-      const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
-      if (Object.entries({ ...failed.labels, ...failed.annotations }).some(([k, v]) => have[k] !== v)) await patchNodeMetadata(deps.kube, current.metadata?.name as string, failed);
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
+      await setCondition(current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
     }
     return periodic();
   }

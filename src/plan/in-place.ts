@@ -16,15 +16,8 @@ export const kubeletConfigPath = "/var/lib/kubelet/config/kubelet";
 
 export const noInPlaceChanges: InPlaceChanges = { kubeletConfig: false, cpuManagerPolicy: false, certificateAuthorities: false, serviceAccountKey: false };
 
-/** The parts of an in-place update, each named by the OSC field that asks for it. */
+/** The parts of an in-place update. */
 export type InPlacePart = "operatingSystem" | "kubelet" | "certificateAuthorities" | "serviceAccountKey";
-
-export const inPlaceFields: Record<InPlacePart, string> = {
-  operatingSystem: "spec.inPlaceUpdates.operatingSystemVersion",
-  kubelet: "spec.inPlaceUpdates.kubelet",
-  certificateAuthorities: "spec.inPlaceUpdates.credentialsRotation.certificateAuthorities.lastInitiationTime",
-  serviceAccountKey: "spec.inPlaceUpdates.credentialsRotation.serviceAccountKey.lastInitiationTime",
-};
 
 /** The parts `changes` asks for, each with what it is, for the log and for a Warning naming its field. */
 export function partsOf(c: InPlaceChanges): { part: InPlacePart; what: string }[] {
@@ -61,16 +54,16 @@ export function inPlaceChanges(previous: OperatingSystemConfig | undefined, next
   const errors: string[] = [];
   const changes: InPlaceChanges = { ...noInPlaceChanges };
 
-  if (osVersion === undefined) errors.push(`${source}: ${inPlaceFields.operatingSystem}: the node's OS version cannot be read from /etc/os-release (PRETTY_NAME)`);
+  if (osVersion === undefined) errors.push(`${source}: spec.inPlaceUpdates.operatingSystemVersion: the node's OS version cannot be read from /etc/os-release (PRETTY_NAME)`);
   else {
     const equal = sameVersion(osVersion, after.operatingSystemVersion);
-    if (equal === undefined) errors.push(`${source}: ${inPlaceFields.operatingSystem}: "${after.operatingSystemVersion}" is not a version`);
+    if (equal === undefined) errors.push(`${source}: spec.inPlaceUpdates.operatingSystemVersion: "${after.operatingSystemVersion}" is not a version`);
     else if (!equal) changes.operatingSystem = { from: osVersion, to: after.operatingSystemVersion };
   }
 
   if (before.kubelet !== after.kubelet) {
     const [from, to] = [minorOf(before.kubelet), minorOf(after.kubelet)];
-    if (from === undefined || to === undefined) errors.push(`${source}: ${inPlaceFields.kubelet}: "${from === undefined ? before.kubelet : after.kubelet}" is not a version`);
+    if (from === undefined || to === undefined) errors.push(`${source}: spec.inPlaceUpdates.kubelet: "${from === undefined ? before.kubelet : after.kubelet}" is not a version`);
     else if (from !== to) changes.kubeletMinorVersion = { from: before.kubelet, to: after.kubelet };
   }
 
@@ -143,7 +136,7 @@ function versionParts(v: string): number[] | undefined {
 }
 
 /** Whether two versions are the same, missing components counting as 0 ("12" = "12.0"), as semver compares them. */
-function sameVersion(a: string, b: string): boolean | undefined {
+export function sameVersion(a: string, b: string): boolean | undefined {
   const [x, y] = [versionParts(a), versionParts(b)];
   if (!x || !y) return undefined;
   return Array.from({ length: Math.max(x.length, y.length) }, (_, i) => (x[i] ?? 0) === (y[i] ?? 0)).every(Boolean);

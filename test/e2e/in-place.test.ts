@@ -63,36 +63,6 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(await appliedChecksum()).toBe(w.checksum);
   });
 
-  test("an OS update in place is refused: a Warning naming the field, the condition, the checksum not stamped, nothing restarted", async () => {
-    const before = await unitPids(w);
-    await putOsc({ imageVersion: "13" });
-    const message = await warning("OSCUnsupported", "spec.inPlaceUpdates.operatingSystemVersion");
-    expect(message).toContain("an OS update from 12 to 13 in place is not supported by trellis");
-    const condition = await waitFor("the condition InPlaceUpdateUnsupported", async () => ((await oscCondition())?.reason === "InPlaceUpdateUnsupported" ? oscCondition() : undefined), 30_000, 250);
-    expect(condition).toMatchObject({ status: "False" });
-    expect(await appliedChecksum()).toBe(w.checksum);
-    expect(await unitPids(w)).toEqual(before);
-    // Not an update machine-controller-manager drained the node for: its label stays off.
-    expect((await readNode(w.bare)).metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBeUndefined();
-  }, 120_000);
-
-  test("an OS update the node was drained for is refused, and machine-controller-manager is told: update-result=failed with the reason", async () => {
-    await markReadyForUpdate();
-    const node = await waitFor("the update-result=failed label", async (): Promise<V1Node | undefined> => {
-      const n = await readNode(w.bare);
-      return n.metadata?.labels?.["node.machine.sapcloud.io/update-result"] === "failed" ? n : undefined;
-    }, 30_000, 250);
-    expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toContain("an OS update from 12 to 13 in place is not supported by trellis");
-    expect(await appliedChecksum()).toBe(w.checksum);
-    await clearUpdateMarks();
-  }, 120_000);
-
-  test("the pool's OSC as it was: the node reports it applied again", async () => {
-    await putOsc({});
-    await waitFor("the condition Applied again", async () => ((await oscCondition())?.reason === "Applied" ? true : undefined), 60_000, 250);
-    expect(await appliedChecksum()).toBe(w.checksum);
-  }, 120_000);
-
   test("kubelet's kubeReserved in place: held until the node is drained, then applied, kubelet healthy, update-result=successful, the checksum stamped", async () => {
     const before = await unitPids(w);
     const config = "/var/lib/kubelet/config/kubelet";
@@ -160,4 +130,36 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(csrs.items.some((c) => c.spec.username === `system:node:${w.bare.name}` && new Date(c.metadata?.creationTimestamp ?? 0).getTime() >= since - 1000)).toBe(true);
     await clearUpdateMarks();
   }, 240_000);
+
+  test("an OS update without the OS extension's command fails: update-result=failed naming the field, a Warning, the checksum not stamped", async () => {
+    const applied = await appliedChecksum();
+    const checksum = await putOsc({ kubeletConfig, imageVersion: "13" });
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("an OS update from 12 to 13") ? true : undefined), 60_000, 250);
+    await markReadyForUpdate();
+    const node = await waitFor("the update-result=failed label", async (): Promise<V1Node | undefined> => {
+      const n = await readNode(w.bare);
+      return n.metadata?.labels?.["node.machine.sapcloud.io/update-result"] === "failed" ? n : undefined;
+    }, 60_000, 250);
+    expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toContain("status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command");
+    await warning("InPlaceUpdateFailed", "status.inPlaceUpdates.osUpdate.command");
+    expect(await oscCondition()).toMatchObject({ status: "False", reason: "InPlaceUpdateFailed" });
+    expect(await appliedChecksum()).toBe(applied);
+    expect(applied).not.toBe(checksum);
+    await clearUpdateMarks();
+  }, 180_000);
+
+  test("an OS update with the OS extension's command: run once the node is drained, os-release names 13, update-result=successful, the checksum stamped", async () => {
+    const osUpdate = { command: "/bin/sh", args: ["-c", "sed -i 's/Linux 12 (bookworm)/Linux 13 (trixie)/' /etc/os-release"] };
+    const checksum = await putOsc({ kubeletConfig, imageVersion: "13", osUpdate });
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
+    expect(await w.bare.node.readFile("/etc/os-release")).toContain("Linux 12 (bookworm)");
+    await markReadyForUpdate();
+    const node = await waitApplied(w.bare, checksum, 120_000, 250);
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+    expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toBeUndefined();
+    expect(node.metadata?.annotations?.["node-agent.gardener.cloud/updating-operating-system-version"]).toBeUndefined();
+    expect(await w.bare.node.readFile("/etc/os-release")).toContain("Linux 13 (trixie)");
+    expect(await oscCondition()).toMatchObject({ status: "True", reason: "Applied" });
+    await clearUpdateMarks();
+  }, 180_000);
 });
