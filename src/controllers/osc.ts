@@ -41,27 +41,8 @@ import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, p
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
-import {
-  awaitsResult,
-  bootId,
-  cpuManagerState,
-  createInPlaceStore,
-  machineUpdate,
-  nodeOsVersion,
-  osIsAt,
-  rebootstrapKubelet,
-  runOsUpdate,
-  inPlaceChangesOnNode,
-  mayUpdateInPlace,
-  readyForUpdate,
-  updateFailed,
-  updateSucceeded,
-  waitKubeletHealthy,
-} from "./in-place.ts";
-import { defaultKubeletHealthz } from "./health.ts";
-import type { TokenController } from "./token.ts";
-import type { CertificateController } from "./certificate.ts";
-import { hasInPlaceChanges, partsOf } from "../plan/in-place.ts";
+import { createInPlaceUpdater, type InPlaceUpdaterDeps, type OsUpdate, readyForUpdate } from "./in-place.ts";
+import { hasInPlaceChanges } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
 export const annotations = {
@@ -99,11 +80,10 @@ export type OscControllerDeps = {
   images: ImageStore;
   /** Fleet rollouts: budget, health gate, windows, selection (src/controllers/rollout.ts). */
   rollout: Rollout;
-  /** The token files, brought in line after a service-account key rotation. */
-  tokens: Pick<TokenController, "resync">;
-  /** After a certificate authority rotation: the agent's own certificate (none: it has none to renew), and kubelet's API server. */
-  certificate: Pick<CertificateController, "renewNow"> | undefined;
-  apiServer: { server: string; caFile: string };
+  /** What in-place updates need besides (src/controllers/in-place.ts). */
+  tokens: InPlaceUpdaterDeps["tokens"];
+  certificate: InPlaceUpdaterDeps["certificate"];
+  apiServer: InPlaceUpdaterDeps["apiServer"];
   now?: () => number;
 };
 
@@ -124,10 +104,6 @@ export type OscController = {
 
 type Wait = { atMs: number; why: string };
 
-/** What is left of an in-place update after its apply: failed, waiting for the machine to restart, or done (undefined). */
-type InPlaceOutcome = { failed: string } | { waiting: string } | undefined;
-type OsUpdate = { command: string; args?: string[] | null };
-
 /** A registry mirror waiting for its readiness probe is probed again this often. */
 const registryProbeRetryMs = 10_000;
 /** How often a running health gate looks at the node. */
@@ -147,7 +123,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // A long image download must not hold up the agent's shutdown.
   const stopping = new AbortController();
   let leftoverLeaseChecked = false;
-  const inPlaceStore = createInPlaceStore(deps.files);
+  const inPlace = createInPlaceUpdater({ ...deps, log, signal: stopping.signal });
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
   // Single flight: `pending` asks for one more run after the current one.
@@ -305,14 +281,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
       ...(state.owned.files[deps.selfBinary] ? { installed: state.owned.files[deps.selfBinary]?.sha256 } : {}),
     });
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
-    const inPlace = await inPlaceChangesOnNode(deps.files, layered.value.osc, source);
-    if (!inPlace.ok) return invalid(checksum, inPlace.errors);
-    // Once applied, the OSC is the last applied one: what is left of its in-place update is what was recorded.
-    const pending = (await inPlaceStore.read()).pending;
-    const inPlaceWork = pending?.checksum === checksum ? pending.changes : inPlace.value;
-    if (hasInPlaceChanges(inPlaceWork)) {
-      const wait = await startInPlace(checksum, inPlaceWork, pending?.checksum === checksum);
-      if (wait) return wait;
+    const inPlaceWork = await inPlace.work(layered.value.osc, checksum, source);
+    if (!inPlaceWork.ok) return invalid(checksum, inPlaceWork.errors);
+    if (hasInPlaceChanges(inPlaceWork.value)) {
+      const waiting = await inPlace.start(checksum, inPlaceWork.value);
+      if (waiting) return holdInPlace(checksum, "InPlaceUpdatePending", waiting);
     }
     const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
@@ -390,8 +363,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
       await reportFailure(deps.node.current(), checksum, outcome);
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
-    if (hasInPlaceChanges(inPlaceWork)) {
-      const wait = await finishInPlace(checksum, inPlaceWork, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
+    if (hasInPlaceChanges(inPlaceWork.value)) {
+      const wait = await finishInPlace(checksum, inPlaceWork.value, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
       if (wait) return wait;
     }
     failures = 0;
@@ -472,113 +445,30 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return { atMs: now() + gateLookMs, why: "health gate of the rollback" };
   }
 
-  /**
-   * Before an in-place update is applied: it waits until machine-controller-manager has drained the node
-   * (a Wait), is recorded, and kubelet's stale CPU manager state goes if cpuManagerPolicy changes.
-   */
-  async function startInPlace(checksum: string, work: InPlaceChanges, recorded: boolean): Promise<Wait | undefined> {
+  /** An in-place update that waits (for the drain, or for the machine to restart): held, and said in the condition. */
+  async function holdInPlace(checksum: string, reason: string, why: string): Promise<Wait> {
+    status.lastResult = "held";
+    status.lastError = why;
+    log.info("the in-place update waits", { checksum, why });
     const current = deps.node.current();
-    const what = partsOf(work).map((p) => p.what).join(", ");
-    if (!mayUpdateInPlace(current)) {
-      status.lastResult = "held";
-      status.lastError = `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
-      log.info("holding an in-place update back until the node is drained", { checksum, update: what });
-      if (current) await setCondition(current, "False", "InPlaceUpdatePending", `OSC ${checksum.slice(0, 12)}: ${status.lastError}`);
-      return periodic();
-    }
-    if (!recorded) await inPlaceStore.write({ pending: { checksum, changes: work } });
-    log.info("updating the node in place", { checksum, update: what });
-    if (work.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
-    return undefined;
+    if (current) await setCondition(current, "False", reason, `OSC ${checksum.slice(0, 12)}: ${why}`);
+    return periodic();
   }
 
-  /**
-   * After the apply of an in-place update: kubelet must prove healthy; then machine-controller-manager is
-   * told the result. A failure is reported (and retried) without reporting the OSC as applied.
-   */
+  /** After the apply of an in-place update: the rest of it; a failure is reported and retried, the OSC not reported as applied. */
   async function finishInPlace(checksum: string, work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<Wait | undefined> {
-    const outcome = await performInPlace(work, osUpdate);
+    const outcome = await inPlace.finish(checksum, work, osUpdate);
+    if (outcome && "waiting" in outcome) return holdInPlace(checksum, "InPlaceUpdateRestartPending", outcome.waiting);
+    if (!outcome) return undefined;
+    status.lastResult = "failed";
+    status.lastError = outcome.failed;
+    log.error("the in-place update failed", { checksum, error: outcome.failed });
     const current = deps.node.current();
-    const name = current?.metadata?.name;
-    if (outcome && "waiting" in outcome) {
-      status.lastResult = "held";
-      status.lastError = outcome.waiting;
-      log.info("the in-place update waits for the machine to restart", { checksum, why: outcome.waiting });
-      if (current) await setCondition(current, "False", "InPlaceUpdateRestartPending", `OSC ${checksum.slice(0, 12)}: ${outcome.waiting}`);
-      return periodic();
+    if (current) {
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "InPlaceUpdateFailed", message: outcome.failed });
+      await setCondition(current, "False", "InPlaceUpdateFailed", `OSC ${checksum.slice(0, 12)}: ${outcome.failed}`);
     }
-    const problem = outcome?.failed;
-    if (problem) {
-      status.lastResult = "failed";
-      status.lastError = problem;
-      log.error("the in-place update failed", { checksum, error: problem });
-      if (current && name) {
-        await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "InPlaceUpdateFailed", message: problem });
-        await patchNodeMetadata(deps.kube, name, updateFailed(problem));
-        await setCondition(current, "False", "InPlaceUpdateFailed", `OSC ${checksum.slice(0, 12)}: ${problem}`);
-      }
-      return retryWait("a failed in-place update");
-    }
-    if (name && awaitsResult(current)) await patchNodeMetadata(deps.kube, name, updateSucceeded);
-    await inPlaceStore.write({});
-    log.info("updated the node in place", { checksum, update: partsOf(work).map((p) => p.what).join(", ") });
-    return undefined;
-  }
-
-  /** What is left of an in-place update once its OSC is applied, in gardener-node-agent's order; why it failed, if it did. */
-  async function performInPlace(work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
-    const failed = (why: string | undefined) => (why === undefined ? undefined : { failed: why });
-    if (work.kubeletMinorVersion !== undefined || work.kubeletConfig || work.cpuManagerPolicy) {
-      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
-      if (unhealthy) return failed(unhealthy);
-    }
-    if (work.operatingSystem) {
-      const os = await updateOs(work.operatingSystem.to, osUpdate);
-      if (os) return os;
-    }
-    if (work.serviceAccountKey) {
-      const stale = await deps.tokens.resync();
-      if (stale.length > 0) return failed(`service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`);
-    }
-    if (work.certificateAuthorities) {
-      try {
-        await deps.certificate?.renewNow();
-      } catch (err) {
-        return failed(`certificate authority rotation: the agent's client certificate: ${describeError(err)}`);
-      }
-      try {
-        await rebootstrapKubelet(deps.files, deps.systemd, deps.apiServer);
-      } catch (err) {
-        return failed(`certificate authority rotation: kubelet's bootstrap: ${describeError(err)}`);
-      }
-      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, stopping.signal);
-      if (unhealthy) return failed(`certificate authority rotation: ${unhealthy}`);
-    }
-    return undefined;
-  }
-
-  /**
-   * The OS update, with the OS extension's command (status.inPlaceUpdates.osUpdate), as gardener-node-agent
-   * runs it: the Node annotated with the version it goes to, the command run (it usually restarts the
-   * machine), and done once os-release names the version. The machine restarted without it: rolled back.
-   */
-  async function updateOs(want: string, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
-    if (await osIsAt(deps.files, want)) return undefined;
-    const pending = (await inPlaceStore.read()).pending;
-    if (pending?.osUpdateBoot !== undefined) {
-      if (pending.osUpdateBoot === (await bootId())) return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
-      const have = (await nodeOsVersion(deps.files)) ?? "an unknown version";
-      return { failed: `the OS update to ${want} might have failed and rolled back: the machine restarted and runs ${have}` };
-    }
-    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)" };
-    const name = deps.node.current()?.metadata?.name;
-    if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [machineUpdate.updatingOsVersion]: want } });
-    log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want });
-    const failure = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], stopping.signal);
-    if (failure) return { failed: failure };
-    if (await osIsAt(deps.files, want)) return undefined;
-    if (pending) await inPlaceStore.write({ pending: { ...pending, osUpdateBoot: await bootId() } });
-    return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
+    return retryWait("a failed in-place update");
   }
 
   function serialGate(current: V1Node) {

@@ -142,7 +142,7 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     }, 60_000, 250);
     expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toContain("status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command");
     await warning("InPlaceUpdateFailed", "status.inPlaceUpdates.osUpdate.command");
-    expect(await oscCondition()).toMatchObject({ status: "False", reason: "InPlaceUpdateFailed" });
+    await waitFor("the condition InPlaceUpdateFailed", async () => ((await oscCondition())?.reason === "InPlaceUpdateFailed" ? true : undefined), 30_000, 250);
     expect(await appliedChecksum()).toBe(applied);
     expect(applied).not.toBe(checksum);
     await clearUpdateMarks();
