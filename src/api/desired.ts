@@ -236,7 +236,7 @@ function decodeContent(f: OscFile, ctx: ResolveContext, fail: (field: string, ms
   return data;
 }
 
-function decodeInline(encoding: string, data: string, fail: (field: string, msg: string) => void): Uint8Array | undefined {
+export function decodeInline(encoding: string, data: string, fail: (field: string, msg: string) => void): Uint8Array | undefined {
   switch (encoding) {
     case "":
     case "plain":

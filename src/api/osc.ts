@@ -39,6 +39,15 @@ export const FileSchema = oscObject({
   hostName: v.optional(v.nullable(v.string())),
 });
 
+// Gardener's in-place node updates (gardenlet sets them for a pool with an in-place update strategy).
+// Times stay text: only whether they changed matters, as gardener-node-agent compares them.
+const rotationSchema = v.optional(v.nullable(oscObject({ lastInitiationTime: v.optional(v.nullable(v.string())) })));
+export const InPlaceUpdatesSchema = oscObject({
+  operatingSystemVersion: v.optional(v.string(), ""),
+  kubelet: v.optional(v.string(), ""),
+  credentialsRotation: v.optional(v.nullable(oscObject({ certificateAuthorities: rotationSchema, serviceAccountKey: rotationSchema }))),
+});
+
 export const OperatingSystemConfigSchema = oscObject({
   apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
   kind: v.literal("OperatingSystemConfig"),
@@ -48,11 +57,10 @@ export const OperatingSystemConfigSchema = oscObject({
     class: controlPlaneOnly,
     providerConfig: controlPlaneOnly,
     purpose: v.optional(v.nullable(v.string())),
-    // Gardener's in-place node updates: handled on their own (issue 15, spec.inPlaceUpdates).
-    inPlaceUpdates: v.optional(v.unknown()),
     units: v.optional(v.nullable(v.array(UnitSchema))),
     files: v.optional(v.nullable(v.array(FileSchema))),
     criConfig: v.optional(v.nullable(CriConfigSchema)),
+    inPlaceUpdates: v.optional(v.nullable(InPlaceUpdatesSchema)),
   }),
   status: v.optional(
     v.nullable(
@@ -65,9 +73,11 @@ export const OperatingSystemConfigSchema = oscObject({
         state: controlPlaneOnly,
         resources: controlPlaneOnly,
         cloudConfig: controlPlaneOnly,
-        inPlaceUpdates: v.optional(v.unknown()),
         extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
         extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
+        inPlaceUpdates: v.optional(
+          v.nullable(oscObject({ osUpdate: v.optional(v.nullable(oscObject({ command: v.string(), args: v.optional(v.nullable(v.array(v.string()))) }))) })),
+        ),
       }),
     ),
   ),
@@ -76,3 +86,4 @@ export const OperatingSystemConfigSchema = oscObject({
 export type OperatingSystemConfig = v.InferOutput<typeof OperatingSystemConfigSchema>;
 export type OscUnit = v.InferOutput<typeof UnitSchema>;
 export type OscFile = v.InferOutput<typeof FileSchema>;
+export type InPlaceUpdates = v.InferOutput<typeof InPlaceUpdatesSchema>;

@@ -5,6 +5,7 @@ import { existsSync, realpathSync } from "node:fs";
 import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
+import { apiServerCa } from "../api/agent-config.ts";
 import { agentUnit, paths } from "../api/paths.ts";
 import { createStateStore, removeLeftoverTemp, stateLockPath } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
@@ -108,6 +109,12 @@ export async function run(args: string[]): Promise<number> {
   // What the OSC controller and the two that work alongside it (rollouts, drift) all use.
   const shared = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
   const rollout = startRollout({ ...shared, stuckThresholdMs: controllers.systemdUnitCheck.stuckThreshold });
+  // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
+  const certificate =
+    connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
+      ? startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })
+      : undefined;
+  const tokens = startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod });
   const osc = startOscController({
     ...shared,
     metrics,
@@ -119,6 +126,9 @@ export async function run(args: string[]): Promise<number> {
     configDir: resolve(configDir),
     images: createImageStore({ cacheDir: paths.imageCache, hostsDir: paths.containerdHostsDir, arch: archOf(process.arch), log }),
     rollout,
+    tokens,
+    certificate,
+    apiServer: { server: config.apiServer.server || kube.server, ca: apiServerCa(config.apiServer, paths.clusterCa) },
   });
   void osc.firstReconcile.then(() => notify.ready("the first reconcile finished"));
   const running: Controller[] = [
@@ -128,16 +138,13 @@ export async function run(args: string[]): Promise<number> {
     startDriftController({ ...shared, metrics, osc, selfUnit: agentUnit, config: controllers.drift }),
     startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
     startLeaseController({ kube, node, log, metrics, status }),
-    startTokenController({ kube, files, log, metrics, status, syncConfigs: controllers.token.syncConfigs, syncPeriodMs: controllers.token.syncPeriod }),
+    tokens,
     startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
     startSecretNameFollower({ node, files, configFile: file, secretName: controllers.operatingSystemConfig.secretName, log, restartSelf: stopFor }),
-    // Only the kubeconfig `trellis bootstrap` wrote holds a certificate the agent obtained and renews.
-    ...(connection.kind === "kubeconfig" && connection.path === paths.kubeconfig
-      ? [startCertificateController({ kube, files, log, metrics, status, kubeconfigPath: connection.path })]
-      : []),
+    ...(certificate ? [certificate] : []),
   ];
   for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
   const reloadLogLevel = () => reloadLevel(configDir, log);

@@ -50,7 +50,15 @@ export type CertificateControllerDeps = {
 // certificate is 26.4 days: sleep in steps, which also follows the wall clock across a suspend.
 const maxSleepMs = 3_600_000;
 
-export function startCertificateController(deps: CertificateControllerDeps): Controller {
+export type CertificateController = Controller & {
+  /**
+   * A new certificate now, as gardener-node-agent requests one after a certificate authority rotation:
+   * the kubeconfig's CA file (rewritten by the OSC) is read again with it. Rejects with why not.
+   */
+  renewNow(): Promise<void>;
+};
+
+export function startCertificateController(deps: CertificateControllerDeps): CertificateController {
   const log = deps.log.with({ controller: "certificate" });
   // The wall clock: a certificate's validity, and the renewal time taken from it, are wall-clock facts.
   const now = deps.now ?? Date.now;
@@ -92,7 +100,15 @@ export function startCertificateController(deps: CertificateControllerDeps): Con
     for (let left = at - now(); left > 0 && !stopper.signal.aborted; left = at - now()) await sleep(Math.min(left, maxSleepMs), stopper.signal);
   }
 
-  async function renew(cert: ClientCertificate): Promise<ClientCertificate> {
+  // One renewal at a time: the scheduled one and renewNow share the pending request.
+  let renewing: Promise<unknown> = Promise.resolve();
+  const renew = (cert: ClientCertificate): Promise<ClientCertificate> => {
+    const next = renewing.then(() => renewOnce(cert));
+    renewing = next.catch(() => undefined);
+    return next;
+  };
+
+  async function renewOnce(cert: ClientCertificate): Promise<ClientCertificate> {
     // The same user as now: Gardener's approver denies a renewal whose CN differs from the requester's.
     const machine = cert.commonName.slice(nodeAgentUserPrefix.length);
     const request = await pendingRequest(deps.files, machine, log, pendingPath);
@@ -135,6 +151,8 @@ export function startCertificateController(deps: CertificateControllerDeps): Con
       if (failures === 0) report(true, `valid until ${cert.notAfter.toISOString()}; renewal at ${iso(scheduled.at)}`, { notAfter: cert.notAfter.toISOString(), renewAt: iso(scheduled.at) });
       await sleepUntil(scheduled.at);
       if (stopper.signal.aborted) return;
+      // renewNow may have replaced it meanwhile: schedule the new one instead.
+      if ((await current().catch(() => undefined))?.certPem !== cert.certPem) continue;
       try {
         const renewed = await renew(cert);
         failures = 0;
@@ -166,6 +184,13 @@ export function startCertificateController(deps: CertificateControllerDeps): Con
     async stop() {
       stopper.abort();
       await running;
+    },
+    async renewNow() {
+      const cert = await current();
+      if (!cert) throw new Error(`${deps.kubeconfigPath} holds no node agent's client certificate to renew`);
+      const renewed = await renew(cert);
+      renewals.inc({ result: "success" });
+      expiry.set(renewed.notAfter.getTime() / 1000);
     },
   };
 }

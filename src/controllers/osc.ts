@@ -50,6 +50,9 @@ import type { OperatingSystemConfig } from "../api/osc.ts";
 import type { Result } from "../api/result.ts";
 import { stringify } from "yaml";
 import * as v from "valibot";
+import { createInPlaceUpdater, type InPlaceUpdaterDeps, type OsUpdate, readyForUpdate } from "./in-place.ts";
+import { hasInPlaceChanges } from "../plan/in-place.ts";
+import type { InPlaceChanges } from "../api/in-place-state.ts";
 
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
@@ -90,6 +93,10 @@ export type OscControllerDeps = {
   clock?: () => number;
   /** What the reconciliation delay is measured by, across agent restarts and reboots. */
   bootClock?: () => BootClockReading;
+  /** What in-place updates need besides (src/controllers/in-place.ts). */
+  tokens: InPlaceUpdaterDeps["tokens"];
+  certificate: InPlaceUpdaterDeps["certificate"];
+  apiServer: InPlaceUpdaterDeps["apiServer"];
 };
 
 type OscControllerStatus = {
@@ -144,6 +151,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // A long image download must not hold up the agent's shutdown.
   const stopping = new AbortController();
   let leftoverLeaseChecked = false;
+  const inPlace = createInPlaceUpdater({ ...deps, log, signal: stopping.signal });
   const status: OscControllerStatus = { synced: false, reconciles: 0 };
 
   const reconciledListeners = new Set<(executed: readonly Step[]) => void>();
@@ -247,7 +255,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
   let delayAnnotation = deps.node.current()?.metadata?.annotations?.[annotations.reconciliationDelay];
   let layeredSecret = false;
   let labelsSeen = JSON.stringify(deps.node.current()?.metadata?.labels ?? {});
+  let drained = readyForUpdate(deps.node.current());
   const unsubscribe = deps.node.subscribe((n) => {
+    if (readyForUpdate(n) !== drained) {
+      drained = !drained;
+      trigger("in-place update condition changed");
+    }
     const value = n.metadata?.annotations?.[annotations.reconciliationDelay];
     const labelsNow = JSON.stringify(n.metadata?.labels ?? {});
     const labelsChanged = labelsNow !== labelsSeen;
@@ -313,6 +326,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
       ...(state.owned.files[deps.selfBinary] ? { installed: state.owned.files[deps.selfBinary]?.sha256 } : {}),
     });
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
+    const inPlaceWork = await inPlace.work(layered.value.osc, checksum, source);
+    if (!inPlaceWork.ok) return invalid(checksum, inPlaceWork.errors);
+    if (hasInPlaceChanges(inPlaceWork.value)) {
+      const waiting = await inPlace.start(checksum, inPlaceWork.value);
+      if (waiting) return holdInPlace(checksum, "InPlaceUpdatePending", waiting);
+    }
     const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
     const settings = rollout.value;
@@ -394,6 +413,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
         if (giveUpSerialLease(serialHold, now(), settings.serialHoldLimitMs)) return giveUpLease(gate, identity, serialHold, settings.serialHoldLimitMs);
       }
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
+    }
+    if (hasInPlaceChanges(inPlaceWork.value)) {
+      const wait = await finishInPlace(checksum, inPlaceWork.value, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
+      if (wait) return wait;
     }
     failures = 0;
     serialHold = undefined;
@@ -494,6 +517,33 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const current = deps.node.current();
     if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "SerialLeaseGivenUp", message });
     return { atMs: now() + limitMs, why: "serial lease cool-off over" };
+  }
+
+
+  /** An in-place update that waits (for the drain, or for the machine to restart): held, and said in the condition. */
+  async function holdInPlace(checksum: string, reason: string, why: string): Promise<Wait> {
+    status.lastResult = "held";
+    status.lastError = why;
+    log.info("the in-place update waits", { checksum, why });
+    const current = deps.node.current();
+    if (current) await setCondition(current, "False", reason, `OSC ${checksum.slice(0, 12)}: ${why}`);
+    return periodic();
+  }
+
+  /** After the apply of an in-place update: the rest of it; a failure is reported and retried, the OSC not reported as applied. */
+  async function finishInPlace(checksum: string, work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<Wait | undefined> {
+    const outcome = await inPlace.finish(checksum, work, osUpdate);
+    if (outcome && "waiting" in outcome) return holdInPlace(checksum, "InPlaceUpdateRestartPending", outcome.waiting);
+    if (!outcome) return undefined;
+    status.lastResult = "failed";
+    status.lastError = outcome.failed;
+    log.error("the in-place update failed", { checksum, error: outcome.failed });
+    const current = deps.node.current();
+    if (current) {
+      await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "InPlaceUpdateFailed", message: outcome.failed });
+      await setCondition(current, "False", "InPlaceUpdateFailed", `OSC ${checksum.slice(0, 12)}: ${outcome.failed}`);
+    }
+    return retryWait("a failed in-place update");
   }
 
   function serialGate(identity: string) {

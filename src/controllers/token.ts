@@ -42,7 +42,15 @@ const fileMode = 0o640;
 /** What the Secret says the file should hold: a token, or why there is none to write. */
 type Wanted = { token: Buffer; sha256: string } | { none: "waiting for the first list" | "not found" | "has no data.token" };
 
-export function startTokenController(deps: TokenControllerDeps): Controller {
+export type TokenController = Controller & {
+  /**
+   * Reads each Secret afresh and brings its file in line, as gardener-node-agent makes its token
+   * controller do after a service-account key rotation. Resolves with what is still wrong, per file.
+   */
+  resync(): Promise<string[]>;
+};
+
+export function startTokenController(deps: TokenControllerDeps): TokenController {
   const log = deps.log.with({ controller: "token" });
   const checkIntervalMs = deps.checkIntervalMs ?? 10_000;
   for (const [what, ms] of [["syncPeriodMs", deps.syncPeriodMs], ["checkIntervalMs", checkIntervalMs]] as const) {
@@ -119,13 +127,17 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
     });
   }
 
-  function report(): void {
-    const lines = deps.syncConfigs.flatMap((c) => {
+  function problemLines(): string[] {
+    return deps.syncConfigs.flatMap((c) => {
       const want = wanted.get(c.secretName);
       if (want && "none" in want) return [`${c.path}: Secret ${namespace}/${c.secretName} ${want.none}`];
       const problem = problems.get(c.path);
       return problem === undefined && problems.has(c.path) ? [] : [`${c.path}: ${problem ?? "not checked yet"}`];
     });
+  }
+
+  function report(): void {
+    const lines = problemLines();
     const total = deps.syncConfigs.length;
     const summary = lines.length > 0 ? lines.join("; ") : total === 0 ? "no token secrets configured" : `${total} token file(s) match their Secret`;
     deps.status.set("token", { ok: lines.length === 0, summary, files: deps.syncConfigs.map((c) => c.path) });
@@ -148,15 +160,19 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
   );
   report();
 
-  const loops = [
-    every(checkIntervalMs, () => sync(deps.syncConfigs), { firstAfterInterval: true }),
-    every(deps.syncPeriodMs, async () => {
+  // One relist at a time: the periodic one and a resync must not both replace a watch.
+  const relists = serializer();
+  const relist = (): Promise<void> =>
+    relists.run(async () => {
       for (const name of secretNames) {
         await watchers.get(name)?.stop();
         if (stopper.signal.aborted) return;
         watchers.set(name, watch(name));
       }
-    }, { firstAfterInterval: true }),
+    });
+  const loops = [
+    every(checkIntervalMs, () => sync(deps.syncConfigs), { firstAfterInterval: true }),
+    every(deps.syncPeriodMs, relist, { firstAfterInterval: true }),
   ];
 
   return {
@@ -165,6 +181,12 @@ export function startTokenController(deps: TokenControllerDeps): Controller {
       await Promise.all(loops.map((l) => l.stop()));
       await Promise.all([...watchers.values()].map((w) => w.stop()));
       await syncs.idle();
+    },
+    async resync() {
+      await relist();
+      await Promise.all([...watchers.values()].map((w) => w.synced));
+      await sync(deps.syncConfigs);
+      return problemLines();
     },
   };
 }

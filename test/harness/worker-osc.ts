@@ -24,6 +24,13 @@ export type WorkerOscInput = {
   maxPods?: number;
   /** KubeletConfiguration fields set in the rendered file, as a provider's webhook would (after failCgroupV1: false). */
   kubeletConfig?: Record<string, unknown>;
+  /** The pool's update strategy (AutoInPlaceUpdate: the OSC carries spec.inPlaceUpdates) and machine image version. */
+  updateStrategy?: "AutoRollingUpdate" | "AutoInPlaceUpdate" | "ManualInPlaceUpdate";
+  imageVersion?: string;
+  /** The Shoot's status.credentials.rotation: lastInitiationTime of a CA and a service-account key rotation. */
+  credentialsRotation?: { certificateAuthorities?: { lastInitiationTime: string }; serviceAccountKey?: { lastInitiationTime: string } };
+  /** The OS extension's update command (status.inPlaceUpdates.osUpdate), as an extension adds it. */
+  osUpdate?: { command: string; args?: string[] };
   /** A file no unit lists, at /etc/e2e/unrelated. */
   extraFile?: string;
 };
@@ -53,13 +60,22 @@ export async function workerOsc(i: WorkerOscInput): Promise<WorkerOsc> {
       clusterDNS: ["10.0.0.10"],
       ...(i.maxPods ? { maxPods: i.maxPods } : {}),
       kubeletConfigPatch: { failCgroupV1: false, ...i.kubeletConfig },
+      ...(i.updateStrategy ? { updateStrategy: i.updateStrategy } : {}),
+      ...(i.imageVersion ? { imageVersion: i.imageVersion } : {}),
+      ...(i.credentialsRotation ? { credentialsRotation: rotationStatus(i.credentialsRotation) } : {}),
     }),
   );
   await runOk([await rendererBinary(), "--values", `${dir}/values.json`, "--out", `${dir}/osc.yaml`, "--secret-out", `${dir}/secret.yaml`]);
   const secret = parse(readFileSync(`${dir}/secret.yaml`, "utf8"));
   const rendered = { secretName: secret.metadata.name as string, osc: Buffer.from(secret.data["osc.yaml"], "base64").toString("utf8"), checksum: secret.metadata.annotations["checksum/data-script"] as string };
-  if (!i.extraFile) return rendered;
+  if (!i.extraFile && !i.osUpdate) return rendered;
   const doc = parse(rendered.osc);
-  doc.status = { ...doc.status, extensionFiles: [{ path: "/etc/e2e/unrelated", permissions: 0o644, content: { inline: { data: i.extraFile } } }] };
+  if (i.extraFile) doc.status = { ...doc.status, extensionFiles: [{ path: "/etc/e2e/unrelated", permissions: 0o644, content: { inline: { data: i.extraFile } } }] };
+  if (i.osUpdate) doc.status = { ...doc.status, inPlaceUpdates: { osUpdate: i.osUpdate } };
   return { ...rendered, osc: stringify(doc) };
+}
+
+// The Shoot's rotation status as gardenlet reads it (each rotation has a phase besides its time).
+function rotationStatus(r: NonNullable<WorkerOscInput["credentialsRotation"]>) {
+  return Object.fromEntries(Object.entries(r).map(([kind, v]) => [kind, { phase: "Prepared", ...v }]));
 }

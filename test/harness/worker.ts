@@ -74,13 +74,15 @@ export type WorkerOptions = {
   /** The worker pool (Gardener's default: worker); each pool has its own OSC Secret. */
   pool?: string;
   machineContainerd?: BareNodeOptions["machineContainerd"];
+  /** Settings of the pool's OSC from the start (e.g. an in-place update strategy). */
+  osc?: Pick<WorkerOscInput, "updateStrategy">;
 };
 
 /** A bare machine brought up to a Ready Node with the OSC Gardener renders, applied by the agent. */
 export async function bringUpWorker(world: WorkerWorld, prefix: string, o: WorkerOptions = {}): Promise<Worker> {
   const { cluster, registry, images } = world;
   const { agent = trellisAgent, pool, machineContainerd } = o;
-  const values = { caPem: cluster.caPem, kubeletCaPem: readFileSync(cluster.clientCaFile, "utf8"), images, agentImage: `${upstream}/${agent.repo}:${agent.tag}`, pool };
+  const values = { caPem: cluster.caPem, kubeletCaPem: readFileSync(cluster.clientCaFile, "utf8"), images, agentImage: `${upstream}/${agent.repo}:${agent.tag}`, pool, ...o.osc };
   // Gardener names the pool's Secret after what the pool's nodes share (version, machine, image, CRI,
   // parts of kubelet's config), not after the API server's address: known before the node is.
   const { secretName } = await workerOsc({ ...values, server: "https://unknown.invalid" });

@@ -12,7 +12,7 @@ import { createServer, type Socket } from "node:net";
 import { CoreV1Api, KubeConfig, type V1Lease, type V1Node } from "@kubernetes/client-node";
 import { leaseName, startLeaseController } from "../../src/controllers/lease.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
-import { startTokenController, type TokenSyncConfig } from "../../src/controllers/token.ts";
+import { startTokenController, type TokenController, type TokenSyncConfig } from "../../src/controllers/token.ts";
 import type { Controller, NodeSource } from "../../src/controllers/types.ts";
 import { createFiles } from "../../src/host/files.ts";
 import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
@@ -222,7 +222,7 @@ describe("token", () => {
   let metrics: Registry;
   let status: ReturnType<typeof memoryStatusBoard>;
   let l: Logs;
-  let controller: Controller;
+  let controller: TokenController;
   const host = (path: string) => root + path;
   const content = (path: string) => readFileSync(host(path));
   const writesOf = (secret: string) => metricSample(metrics, `trellis_token_writes_total{secret="${secret}"}`) ?? 0;
@@ -316,6 +316,15 @@ describe("token", () => {
     await expectWrites(otherSecret, 1);
     await waitFor("all well", () => status.of("token")?.ok === true, 2_000, 20);
     expect(status.of("token")).toMatchObject({ ok: true, summary: "2 token file(s) match their Secret" });
+  });
+
+  test("resync, as after a service-account key rotation: each Secret listed afresh, the files in line, nothing left to report", async () => {
+    const lists = () => auditOf(cluster, user).filter((e) => e.verb === "list" && e.objectRef?.name === otherSecret).length;
+    const before = lists();
+    expect(await controller.resync()).toEqual([]);
+    await waitFor("a fresh list of the Secret", () => lists() > before, 5_000, 50);
+    expect(content(agentPath)).toEqual(tokenV2);
+    expect(content(otherPath).toString()).toBe("other");
   });
 
   test("a deleted Secret leaves its file as it is", async () => {

@@ -111,6 +111,12 @@ type values struct {
 	// a provider extension's webhook mutates it (genericmutator's EnsureKubeletConfiguration), with Gardener's
 	// own codec; e.g. {"failCgroupV1": false} for a machine on cgroup v1, which kubelet 1.35 refuses by default.
 	KubeletConfigPatch map[string]any `json:"kubeletConfigPatch,omitempty"`
+	// UpdateStrategy is the worker pool's (AutoRollingUpdate, AutoInPlaceUpdate, ManualInPlaceUpdate): an
+	// in-place pool's OSC carries spec.inPlaceUpdates.
+	UpdateStrategy *gardencorev1beta1.MachineUpdateStrategy `json:"updateStrategy,omitempty"`
+	// CredentialsRotation is the Shoot's status.credentials.rotation (CA and service-account key rotations),
+	// which an in-place pool's OSC carries as spec.inPlaceUpdates.credentialsRotation.
+	CredentialsRotation *gardencorev1beta1.ShootCredentialsRotation `json:"credentialsRotation,omitempty"`
 }
 
 // invocation is everything the command line says; it survives the re-exec below as JSON.
@@ -286,9 +292,10 @@ func render(inv *invocation) error {
 		Machine: gardencorev1beta1.Machine{Type: in.MachineType, Image: &gardencorev1beta1.ShootMachineImage{Name: in.ImageName, Version: &in.ImageVersion}},
 		CRI:     &gardencorev1beta1.CRI{Name: gardencorev1beta1.CRINameContainerD},
 		Minimum: 1, Maximum: 1,
-		Labels:  in.Labels,
-		Taints:  in.Taints,
-		Sysctls: in.Sysctls,
+		Labels:         in.Labels,
+		Taints:         in.Taints,
+		Sysctls:        in.Sysctls,
+		UpdateStrategy: in.UpdateStrategy,
 	}
 	if dv := in.KubeletDataVolume; dv != nil {
 		worker.DataVolumes = []gardencorev1beta1.DataVolume{*dv}
@@ -355,6 +362,7 @@ func render(inv *invocation) error {
 			KubeProxyConfig:                         spec.Kubernetes.KubeProxy,
 			RegistryCABundle:                        in.RegistryCABundle,
 		},
+		CredentialsRotationStatus: in.CredentialsRotation,
 	}
 
 	// 3. gardenlet's component against a fake Seed holding the CA secrets (botanist.DeployOperatingSystemConfig).

@@ -1,0 +1,33 @@
+// An in-place update this node has started (src/plan/in-place.ts tells what it asks for): kept until
+// it is finished, because the apply records the new OSC as applied before kubelet has proved healthy,
+// and the next reconcile would otherwise see no in-place work left and report the update done.
+import * as v from "valibot";
+import { baseDir } from "./paths.ts";
+import { object } from "./shapes.ts";
+
+export const inPlaceStatePath = `${baseDir}/trellis/in-place.json`;
+
+const versionChange = v.optional(object({ from: v.string(), to: v.string() }));
+
+export const InPlaceChangesSchema = object({
+  operatingSystem: versionChange,
+  kubeletMinorVersion: versionChange,
+  /** kubeReserved or evictionHard thresholds of kubelet's configuration changed. */
+  kubeletConfig: v.boolean(),
+  cpuManagerPolicy: v.boolean(),
+  certificateAuthorities: v.boolean(),
+  serviceAccountKey: v.boolean(),
+});
+export type InPlaceChanges = v.InferOutput<typeof InPlaceChangesSchema>;
+
+export const InPlaceStateSchema = object({
+  pending: v.optional(
+    object({
+      checksum: v.string(),
+      changes: InPlaceChangesSchema,
+      /** The boot (kernel boot_id) in which the OS update command ran: a restart since then that left the old OS means it rolled back. */
+      osUpdateBoot: v.optional(v.string()),
+    }),
+  ),
+});
+export type InPlaceState = v.InferOutput<typeof InPlaceStateSchema>;

@@ -1,0 +1,276 @@
+// In-place node updates on the node, coordinated with machine-controller-manager as gardener-node-agent
+// does: MCM drains the node and sets the Node condition InPlaceUpdate with reason ReadyForUpdate; the
+// agent then updates the node and labels it update-result=successful (or failed, with the reason in an
+// annotation), which MCM turns into the Machine's phase. Until then the OSC is not reported as applied.
+import { execFile } from "node:child_process";
+import { readFile } from "node:fs/promises";
+import type { V1Node } from "@kubernetes/client-node";
+import { parseOscBytes } from "../api/desired.ts";
+import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
+import type { OperatingSystemConfig } from "../api/osc.ts";
+import { kubelet, paths } from "../api/paths.ts";
+import type { Result } from "../api/result.ts";
+import { jsonStore } from "../apply/state-store.ts";
+import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import { type CaRef, renderKubeconfig } from "../kube/csr-kubeconfig.ts";
+import { inPlaceChanges, noInPlaceChanges, osVersionOf, partsOf, sameVersion } from "../plan/in-place.ts";
+import { abortableSleep } from "../time.ts";
+import { describeError } from "../log.ts";
+import { defaultKubeletHealthz, kubeletHealthz } from "./health.ts";
+import type { CertificateController } from "./certificate.ts";
+import type { TokenController } from "./token.ts";
+import type { NodeSource } from "./types.ts";
+import type { Kube } from "../kube/client.ts";
+import { patchNodeMetadata } from "../kube/node.ts";
+import type { Logger } from "../log.ts";
+
+/** machine-controller-manager's Node condition, reason, label and annotation (pkg/apis/machine/v1alpha1). */
+const machineUpdate = {
+  condition: "InPlaceUpdate",
+  readyForUpdate: "ReadyForUpdate",
+  resultLabel: "node.machine.sapcloud.io/update-result",
+  successful: "successful",
+  failed: "failed",
+  failedReason: "node.machine.sapcloud.io/update-failed-reason",
+  /** gardener-node-agent's own mark of an OS update it started; cleared with the result. */
+  updatingOsVersion: "node-agent.gardener.cloud/updating-operating-system-version",
+} as const;
+
+const osRelease = "/etc/os-release";
+
+/** The node's OS version, as kubelet reports it (undefined: os-release names none). */
+async function nodeOsVersion(files: Files): Promise<string | undefined> {
+  const release = await files.read(osRelease);
+  return release && osVersionOf(new TextDecoder().decode(release));
+}
+
+/** The in-place work `osc` asks of this node: against the last applied OSC and the node's OS version. */
+async function inPlaceChangesOnNode(files: Files, osc: OperatingSystemConfig, source: string): Promise<Result<InPlaceChanges>> {
+  if (!osc.spec.inPlaceUpdates) return { ok: true, value: noInPlaceChanges };
+  const lastBytes = await files.read(paths.lastAppliedOsc);
+  if (!lastBytes) return { ok: true, value: noInPlaceChanges };
+  const last = parseOscBytes(lastBytes, paths.lastAppliedOsc);
+  if (!last.ok) return last;
+  return inPlaceChanges(last.value, osc, await nodeOsVersion(files), source);
+}
+
+/** Whether the node runs OS version `want`. */
+const osIsAt = async (files: Files, want: string): Promise<boolean> => {
+  const now = await nodeOsVersion(files);
+  return now !== undefined && sameVersion(now, want) === true;
+};
+
+/** This boot of the machine: changes only when the kernel restarts. */
+const bootId = async (): Promise<string> => (await readFile("/proc/sys/kernel/random/boot_id", "utf8")).trim();
+
+/** How gardener-node-agent runs the OS extension's update command: again every 30 s for up to 5 min while it reports network problems. */
+const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retriable: /network problems/i };
+/** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
+const osUpdateRunMs = 10 * 60_000;
+
+/** Runs the OS update command; undefined once it succeeded, else why it failed (with its output). */
+async function runOsUpdate(command: string, args: string[], signal: AbortSignal, now: () => number = performance.now.bind(performance)): Promise<string | undefined> {
+  const deadline = now() + osUpdateRetry.timeoutMs;
+  for (;;) {
+    const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
+      execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
+        const output = `${stdout}${stderr}`.trim().replace(/\s*\n\s*/g, " ").slice(-2000);
+        resolve(err ? { error: describeError(err), output } : { output });
+      });
+    });
+    if (outcome.error === undefined) return undefined;
+    const failure = `the OS update command ${[command, ...args].join(" ")} failed: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
+    if (!osUpdateRetry.retriable.test(outcome.output) || now() + osUpdateRetry.intervalMs > deadline || signal.aborted) return failure;
+    await abortableSleep(osUpdateRetry.intervalMs, signal);
+  }
+}
+
+/** Whether machine-controller-manager has drained the node for its in-place update. */
+export const readyForUpdate = (node: V1Node | undefined): boolean =>
+  node?.status?.conditions?.some((c) => c.type === machineUpdate.condition && c.reason === machineUpdate.readyForUpdate) ?? false;
+
+/** The Node metadata that tells machine-controller-manager the in-place update failed, and why. */
+const updateFailed = (reason: string) => ({ labels: { [machineUpdate.resultLabel]: machineUpdate.failed }, annotations: { [machineUpdate.failedReason]: reason } });
+
+/** The Node metadata that tells machine-controller-manager the in-place update succeeded. */
+const updateSucceeded = {
+  labels: { [machineUpdate.resultLabel]: machineUpdate.successful },
+  annotations: { [machineUpdate.failedReason]: null, [machineUpdate.updatingOsVersion]: null },
+};
+
+/** Whether machine-controller-manager waits for this node's result (gardener-node-agent's test). */
+export function awaitsResult(node: V1Node | undefined): boolean {
+  const result = node?.metadata?.labels?.[machineUpdate.resultLabel];
+  return (readyForUpdate(node) && result !== machineUpdate.successful) || result === machineUpdate.failed;
+}
+
+/** An in-place update waits for the drain, unless its last attempt failed (then it is retried at once). */
+export const mayUpdateInPlace = (node: V1Node | undefined): boolean => readyForUpdate(node) || node?.metadata?.labels?.[machineUpdate.resultLabel] === machineUpdate.failed;
+
+const createInPlaceStore = (files: Files) => jsonStore(files, inPlaceStatePath, InPlaceStateSchema, () => ({}));
+
+/** kubelet's CPU manager state: stale once cpuManagerPolicy changed, and kubelet refuses to start with it. */
+const cpuManagerState = "/var/lib/kubelet/cpu_manager_state";
+
+/** How long kubelet may take to answer /healthz after its in-place update, and how often it is asked (gardener-node-agent's). */
+const kubeletHealthTimeoutMs = 5 * 60_000;
+const kubeletHealthIntervalMs = 5_000;
+
+/** Undefined once kubelet answers `url` healthy; else why not, when the timeout passed or `signal` aborted. */
+async function waitKubeletHealthy(url: string, signal: AbortSignal, now: () => number = performance.now.bind(performance)): Promise<string | undefined> {
+  const deadline = now() + kubeletHealthTimeoutMs;
+  let last = "";
+  while (!signal.aborted) {
+    try {
+      await kubeletHealthz(url, kubeletHealthIntervalMs);
+      return undefined;
+    } catch (err) {
+      last = describeError(err);
+    }
+    if (now() >= deadline) return `kubelet is not healthy ${kubeletHealthTimeoutMs / 1000} s after its in-place update: ${last}`;
+    await abortableSleep(kubeletHealthIntervalMs, signal);
+  }
+  return `stopped waiting for kubelet's health: ${String(signal.reason)}`;
+}
+
+const kubeletPki = "/var/lib/kubelet/pki";
+
+/**
+ * After a certificate authority rotation, kubelet asks for a client certificate of the new CA, as
+ * gardener-node-agent makes it: its current certificate becomes its bootstrap credential (with the
+ * API server's new CA bundle), its kubeconfig and certificates go, and it restarts — then it bootstraps,
+ * authenticated as itself, and kube-controller-manager approves and signs (selfnodeclient).
+ */
+async function rebootstrapKubelet(files: Files, systemd: Pick<Systemd, "restart">, apiServer: { server: string; ca: CaRef }): Promise<void> {
+  const current = await files.read(kubelet.clientCertificate);
+  if (current && (await files.read(kubelet.realKubeconfig))) {
+    const pem = new TextDecoder().decode(current);
+    await files.writeAtomic(kubelet.bootstrapKubeconfig, renderKubeconfig({ server: apiServer.server, ca: apiServer.ca, certPem: pem, keyPem: pem }), 0o600);
+  }
+  if (!(await files.stat(kubelet.bootstrapKubeconfig))) throw new Error(`${kubelet.bootstrapKubeconfig} does not exist: kubelet cannot bootstrap again`);
+  await files.remove(kubelet.realKubeconfig);
+  for (const name of await files.list(kubeletPki)) await files.remove(`${kubeletPki}/${name}`);
+  await files.removeDirIfEmpty(kubeletPki);
+  await systemd.restart("kubelet.service");
+}
+
+export type OsUpdate = { command: string; args?: string[] | null };
+
+export type InPlaceUpdaterDeps = {
+  kube: Kube;
+  files: Files;
+  systemd: Pick<Systemd, "restart">;
+  node: NodeSource;
+  log: Logger;
+  /** The token files, brought in line after a service-account key rotation. */
+  tokens: Pick<TokenController, "resync">;
+  /** The agent's own certificate, renewed after a CA rotation (none: the agent has none to renew). */
+  certificate: Pick<CertificateController, "renewNow"> | undefined;
+  /** What kubelet's bootstrap kubeconfig names after a CA rotation. */
+  apiServer: { server: string; ca: CaRef };
+  /** Aborts the waits (kubelet's health, the OS update command) when the agent stops. */
+  signal: AbortSignal;
+};
+
+/** What is left of an in-place update after its apply: failed, waiting for the machine to restart, or done (undefined). */
+type InPlaceOutcome = { failed: string } | { waiting: string } | undefined;
+
+/** The node's side of in-place updates; the OSC controller reports what it says. */
+export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
+  const store = createInPlaceStore(deps.files);
+  const failed = (why: string | undefined): InPlaceOutcome => (why === undefined ? undefined : { failed: why });
+
+  /** The in-place work `osc` (as `checksum`) asks of this node; once applied, what was recorded of it. */
+  async function work(osc: OperatingSystemConfig, checksum: string, source: string): Promise<Result<InPlaceChanges>> {
+    const pending = (await store.read()).pending;
+    // Once applied, the OSC is the last applied one: what is left of its in-place update is what was recorded.
+    return pending?.checksum === checksum ? { ok: true, value: pending.changes } : inPlaceChangesOnNode(deps.files, osc, source);
+  }
+
+  /**
+   * Before an in-place update is applied: why it waits (machine-controller-manager has not drained the
+   * node), or undefined once it may go — recorded, and kubelet's stale CPU manager state removed if
+   * cpuManagerPolicy changes.
+   */
+  async function start(checksum: string, changes: InPlaceChanges): Promise<string | undefined> {
+    const what = partsOf(changes).map((p) => p.what).join(", ");
+    if (!mayUpdateInPlace(deps.node.current())) return `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
+    const pending = (await store.read()).pending;
+    if (pending?.checksum !== checksum) await store.write({ pending: { checksum, changes } });
+    deps.log.info("updating the node in place", { checksum, update: what });
+    if (changes.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
+    return undefined;
+  }
+
+  /** After the apply: the rest of the update, in gardener-node-agent's order; then machine-controller-manager is told the result. */
+  async function finish(checksum: string, changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+    const outcome = await perform(changes, osUpdate);
+    const name = deps.node.current()?.metadata?.name;
+    if (outcome && "failed" in outcome) {
+      if (name) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
+      return outcome;
+    }
+    if (outcome) return outcome;
+    if (name && awaitsResult(deps.node.current())) await patchNodeMetadata(deps.kube, name, updateSucceeded);
+    await store.write({});
+    deps.log.info("updated the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
+    return undefined;
+  }
+
+  async function perform(changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+    if (changes.kubeletMinorVersion !== undefined || changes.kubeletConfig || changes.cpuManagerPolicy) {
+      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, deps.signal);
+      if (unhealthy) return failed(unhealthy);
+    }
+    if (changes.operatingSystem) {
+      const os = await updateOs(changes.operatingSystem.to, osUpdate);
+      if (os) return os;
+    }
+    if (changes.serviceAccountKey) {
+      const stale = await deps.tokens.resync();
+      if (stale.length > 0) return failed(`service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`);
+    }
+    if (changes.certificateAuthorities) {
+      try {
+        await deps.certificate?.renewNow();
+      } catch (err) {
+        return failed(`certificate authority rotation: the agent's client certificate: ${describeError(err)}`);
+      }
+      try {
+        await rebootstrapKubelet(deps.files, deps.systemd, deps.apiServer);
+      } catch (err) {
+        return failed(`certificate authority rotation: kubelet's bootstrap: ${describeError(err)}`);
+      }
+      const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, deps.signal);
+      if (unhealthy) return failed(`certificate authority rotation: ${unhealthy}`);
+    }
+    return undefined;
+  }
+
+  /**
+   * The OS update, with the OS extension's command (status.inPlaceUpdates.osUpdate), as gardener-node-agent
+   * runs it: the Node annotated with the version it goes to, the command run (it usually restarts the
+   * machine), and done once os-release names the version. The machine restarted without it: rolled back.
+   */
+  async function updateOs(want: string, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+    if (await osIsAt(deps.files, want)) return undefined;
+    const pending = (await store.read()).pending;
+    if (pending?.osUpdateBoot !== undefined) {
+      if (pending.osUpdateBoot === (await bootId())) return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
+      const have = (await nodeOsVersion(deps.files)) ?? "an unknown version";
+      return { failed: `the OS update to ${want} might have failed and rolled back: the machine restarted and runs ${have}` };
+    }
+    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)" };
+    const name = deps.node.current()?.metadata?.name;
+    if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [machineUpdate.updatingOsVersion]: want } });
+    deps.log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want });
+    const failure = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], deps.signal);
+    if (failure) return { failed: failure };
+    if (await osIsAt(deps.files, want)) return undefined;
+    if (pending) await store.write({ pending: { ...pending, osUpdateBoot: await bootId() } });
+    return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
+  }
+
+  return { work, start, finish };
+}
