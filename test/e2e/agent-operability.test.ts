@@ -123,15 +123,20 @@ test("the watchdog: a SIGSTOPped agent is killed by systemd and started again, a
   expect(await agent.node.readFile("/etc/ops/version")).toBe("3\n");
 }, 90_000);
 
-test("SIGTERM while the agent looks for its Node (kubelet has not registered it): it ends at once, cleanly, and the next start resumes", async () => {
-  await agent.core.deleteNode({ name: agent.name });
+/** Restarts the agent without waiting for it; returns a reader of the new process's log lines. */
+async function restartAgent() {
   const before = await mainPid(agent, agentUnit);
   await agent.node.execOk(["systemctl", "restart", "--no-block", agentUnit]);
   const pid = await waitFor("the new agent process", async () => {
     const now = await mainPid(agent, agentUnit);
     return now !== before && now !== 0 ? now : undefined;
   });
-  const mine = async () => (await agentLines()).filter((l) => l.pid === pid);
+  return async () => (await agentLines()).filter((l) => l.pid === pid);
+}
+
+test("SIGTERM while the agent looks for its Node (kubelet has not registered it): it ends at once, cleanly, and the next start resumes", async () => {
+  await agent.core.deleteNode({ name: agent.name });
+  const mine = await restartAgent();
   await waitFor("the new agent looking for its Node", async () => (await mine()).some((l) => l.doc.msg === "the Node is not registered yet; watching for it"), 30_000);
   const started = performance.now();
   await agent.node.execOk(["systemctl", "stop", agentUnit]);
@@ -156,13 +161,7 @@ test("SIGTERM while the API server cannot be reached (watches retrying): it ends
   const kubeconfig = await agent.node.readFile(kubeconfigPath);
   // Port 1 on loopback: connections refused at once, so every client of the agent keeps retrying.
   await agent.node.writeFile(kubeconfigPath, kubeconfig.replace(cluster.server, "https://127.0.0.1:1"), 0o600);
-  const before = await mainPid(agent, agentUnit);
-  await agent.node.execOk(["systemctl", "restart", "--no-block", agentUnit]);
-  const pid = await waitFor("the new agent process", async () => {
-    const now = await mainPid(agent, agentUnit);
-    return now !== before && now !== 0 ? now : undefined;
-  });
-  const mine = async () => (await agentLines()).filter((l) => l.pid === pid);
+  const mine = await restartAgent();
   await waitFor("the agent failing to reach the API server", async () => (await mine()).some((l) => l.doc.level === "warn" || l.doc.level === "error"), 30_000);
   const started = performance.now();
   await agent.node.execOk(["systemctl", "stop", agentUnit]);
