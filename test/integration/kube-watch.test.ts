@@ -194,7 +194,7 @@ async function compactEtcd(c: Cluster): Promise<number> {
   return revision;
 }
 
-test("an unreachable server is retried with doubling, capped delays, and stop() ends the wait at once", async () => {
+test("an unreachable server is retried with doubling delays capped at 4 s (it is back within seconds of coming back), and stop() ends the wait at once", async () => {
   const port = await freePort();
   const file = `${cluster.dir}/unreachable.kubeconfig`;
   const admin = cluster.admin();
@@ -213,7 +213,7 @@ test("an unreachable server is retried with doubling, capped delays, and stop() 
   const t0 = performance.now();
   await watcher.stop();
   expect(performance.now() - t0).toBeLessThan(200);
-  expect(delays).toEqual([500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+  expect(delays).toEqual([500, 1000, 2000, 4000, 4000, 4000, 4000, 4000, 4000]);
   expect(watcher.stats()).toMatchObject({ lists: 9, watches: 0, errors: 9 });
   expect(String(logs.find((l) => l.level === "warn")?.err)).toContain(`cannot reach https://127.0.0.1:${port}`);
   await expect(watcher.synced).rejects.toThrow("stopped before the first list completed");
