@@ -96,11 +96,20 @@ test("the node's journal, every unit and field, the crash report included, holds
   console.log(`journal: ${journal.length} bytes; the crash: ${(await sh("journalctl -b -o cat -u gardener-node-agent.service | grep -iE 'segmentation|panic|SEGV' | head -3")).trim()}`);
 });
 
-/** What `trellis status` prints, on both streams (it exits 1 while a component is not ready). */
-async function statusOutput(...args: string[]): Promise<string> {
-  const r = await agent.node.exec([agentBinary, "status", ...args]);
-  expect(r.stdout).toContain("lease");
-  return r.stdout + r.stderr;
+/**
+ * What `trellis status` prints, on both streams (it exits 1 while a component is not ready), once every
+ * component of the agent restarted after the crash has reported (the lease is among the last).
+ */
+function statusOutput(...args: string[]): Promise<string> {
+  return waitFor(
+    "trellis status showing every component",
+    async () => {
+      const r = await agent.node.exec([agentBinary, "status", ...args]);
+      return r.stdout.includes("lease") ? r.stdout + r.stderr : undefined;
+    },
+    30_000,
+    200,
+  );
 }
 
 test("the status file, /metrics and `trellis status` hold none", async () => {

@@ -1,8 +1,9 @@
 // The pure parts of src/kube/watch.ts: backoff delays, what a relist delivers, and reading a watch
 // stream's lines (including the in-stream ERROR 410 that the e2e tests cannot make a real apiserver send).
 import { describe, expect, test } from "bun:test";
+import { KubeError } from "../../src/kube/errors.ts";
 import { statusError } from "../../src/kube/http.ts";
-import { decodeWatchLine, type KubeObject, LineSplitter, nextRetry, relistEvents } from "../../src/kube/watch.ts";
+import { decodeWatchLine, type KubeObject, LineSplitter, nextRetry, outageReason, relistEvents } from "../../src/kube/watch.ts";
 import { backoffDelay } from "../../src/time.ts";
 
 describe("backoffDelay", () => {
@@ -21,6 +22,16 @@ describe("backoffDelay", () => {
 // to 9.8 s after the API server was back, and answered what the restarted server said first (403 before
 // its RBAC cache was filled, then 410) with 15–25 s waits, so a Secret changed during the outage was
 // applied 16–28 s late.
+describe("outageReason", () => {
+  test("an API server answering 500/502/503/504 (no etcd) is an outage like one that cannot be reached; other answers are what they are", () => {
+    for (const status of [500, 502, 503, 504]) expect(outageReason(new KubeError("x", "http", status))).toBe("unreachable");
+    expect(outageReason(new KubeError("x", "unreachable"))).toBe("unreachable");
+    expect(outageReason(new KubeError("x", "http", 429))).toBe("http");
+    expect(outageReason(new KubeError("x", "forbidden", 403))).toBe("forbidden");
+    expect(outageReason(new KubeError("x", "gone", 410))).toBe("gone");
+  });
+});
+
 describe("nextRetry", () => {
   const b = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
   test("an unreachable server is tried again at least every unreachableMaxMs, however long the outage", () => {

@@ -2,8 +2,11 @@
 // written (the agent's Lease renewals fail and it lapses). Nothing is written during the outage; once etcd
 // is back the agent must renew its Lease, be ready and apply a Secret change, with no unit restarted.
 import type { Scenario } from "../scenario.ts";
+import type { V1Secret } from "@kubernetes/client-node";
+import { waitApplied } from "../../harness/agent.ts";
 import { waitFor } from "../../harness/exec.ts";
-import { agentMetric, applyChange, iterate, leaseRenewTime, maxFigures, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed } from "../lib-control-plane.ts";
+import { watchUntil } from "../../harness/watch.ts";
+import { agentMetric, iterate, leaseRenewTime, maxFigures, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed } from "../lib-control-plane.ts";
 
 export const scenario: Scenario = {
   id: "etcd-down",
@@ -33,15 +36,22 @@ export const scenario: Scenario = {
         const lease = await waitLeaseRenewed(rig, leaseBefore, 60_000);
         // A renewal sent during the outage may hang until its 10 s request timeout, then the next one goes out at once.
         if (lease.ms > 20_000) problems.push(`the Lease was renewed ${lease.ms} ms after kube-apiserver served reads again (limit 20000: one interval and one request timeout)`);
-        const appliedMs = await applyChange(rig, `after-etcd-${i}`, 60_000);
-        if (appliedMs > 10_000) problems.push(`a Secret change after the outage was applied in ${appliedMs} ms (limit 10000)`);
+        // kube-apiserver's watch cache catches up with etcd on its own schedule after the outage (about 15 s
+        // after a 20 s outage): the agent is timed against a watch of the test's own on the same Secret.
+        const started = performance.now();
+        const checksum = await rig.putOsc(`after-etcd-${i}`);
+        const watchedMs = watchUntil(rig.cluster.admin(), "the Secret change on a watch of the API server", "/api/v1/namespaces/kube-system/secrets", rig.secretName, (o: V1Secret) => (o.metadata?.annotations?.["checksum/data-script"] === checksum ? true : undefined), { timeoutMs: 120_000 }).then(() => Math.round(performance.now() - started));
+        await waitApplied(rig.agent, checksum, 120_000, 250);
+        const appliedMs = Math.round(performance.now() - started);
+        const watchMs = await watchedMs;
+        if (appliedMs - watchMs > 5_000) problems.push(`a Secret change after the outage was applied ${appliedMs - watchMs} ms after an API server watch delivered it (limit 5000)`);
         const readyMs = await waitAgentReady(rig, 30_000);
         problems.push(...unitRestarts(before, await unitStates(rig.node)).map((r) => `unexpected restart: ${r}`));
-        figures.push({ apiServerReadsMs, leaseRenewedMs: lease.ms, appliedMs, readyMs, renewFailures });
+        figures.push({ apiServerReadsMs, leaseRenewedMs: lease.ms, watchDeliveredMs: watchMs, appliedMs, readyMs, renewFailures });
         log(`iteration ${i}: ${JSON.stringify(figures.at(-1))}`);
         return problems;
       });
-      return { checked: "no unit restarted, Lease renewed ≤ 20 s after kube-apiserver serves reads from etcd again (interval + request timeout), /readyz 200, a Secret change applied ≤ 10 s", iterations, ...result, figures: maxFigures(figures) };
+      return { checked: "no unit restarted, Lease renewed ≤ 20 s after kube-apiserver serves reads from etcd again (interval + request timeout), /readyz 200, a Secret change applied ≤ 5 s after an API server watch delivered it", iterations, ...result, figures: maxFigures(figures) };
     } finally {
       await rig.stop();
     }
