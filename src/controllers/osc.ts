@@ -299,7 +299,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const { matched } = layered.value;
     const checksum = layeredChecksum(bytes, matched);
     note(checksum);
-    await noteFirstSeen(checksum);
     status.lastChecksum = checksum;
     // What is recorded as applied (last-applied-osc.yaml, the rollback target): the layered OSC.
     const applied = matched.length > 0 ? new TextEncoder().encode(stringify(layered.value.osc)) : bytes;
@@ -335,6 +334,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
     const settings = rollout.value;
+    // Only a valid OSC starts the reconciliation delay: an invalid one changes nothing on the node, this
+    // record included (the bad-input corpus hashes the state directory too).
+    await noteFirstSeen(checksum);
     deps.rollout.observe({ secretUid: secret.metadata?.uid ?? "", checksum, settings });
     // A change this node is gating (or failed, or rolled back from) is settled before anything else.
     const ongoing = await continueRollout({ base, checksum }, applied, state.lastApplied?.checksum, settings);

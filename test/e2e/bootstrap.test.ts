@@ -473,6 +473,8 @@ describe("bootstrap.kubeletDataVolumeSize (gardener-node-agent's kubelet data vo
     expect(await exists(node, "/var/lib/kubelet/kubeconfig-bootstrap")).toBe(true);
     expect(await node.exec(["ls", "/var/lib/gardener-node-agent/tmp"]).then((r) => r.stdout.trim())).toBe("");
 
+    // A second bootstrap is refused while the agent it started holds the state directory (one trellis at a time).
+    await node.execOk(["systemctl", "stop", agentUnit]);
     const again = await node.exec([bin, "bootstrap", `--config-dir=${base}`]);
     expect(again.code).toBe(0);
     expect(again.stderr).toContain(`${loop} is labelled KUBEDEV already: nothing to do`);
