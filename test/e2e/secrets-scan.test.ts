@@ -10,7 +10,7 @@ import { randomBytes } from "node:crypto";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { parse, stringify } from "yaml";
 import { statusPath } from "../../src/api/status-file.ts";
-import { mainPid, putOscSecret, waitApplied } from "../harness/agent.ts";
+import { mainPid, putOscSecret, unitProperty, waitApplied } from "../harness/agent.ts";
 import { agentBase as base, agentBinary, type BareNode, bareNode, bareOsc, installAndApprove, startBareWorld, stopBareWorld } from "../harness/bare-node.ts";
 import type { Cluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
@@ -61,8 +61,14 @@ beforeAll(async () => {
   secrets.clientKey = Buffer.from(kubeconfig.users[0].user["client-key-data"], "base64").toString();
   expect(secrets.clientKey).toContain("PRIVATE KEY-----");
 
-  // A crash: the runtime's crash report goes to the journal, systemd starts the agent again.
-  const before = await mainPid(agent, "gardener-node-agent.service");
+  // A crash: the runtime's crash report goes to the journal, systemd starts the agent again. Sent to a
+  // running agent (ready, Type=notify), not one restarting itself after the update it just applied.
+  const before = await waitFor(
+    "the agent running",
+    async () => ((await unitProperty(agent.node, "gardener-node-agent.service", "SubState")) === "running" ? await mainPid(agent, "gardener-node-agent.service") : undefined),
+    30_000,
+    200,
+  );
   await sh("systemctl kill --signal=SIGSEGV gardener-node-agent.service");
   await waitFor("the crash in the journal", async () => ((await sh("journalctl -b -o cat -u gardener-node-agent.service")).includes("status=11/SEGV") ? true : undefined), 30_000, 200);
   await waitFor(
