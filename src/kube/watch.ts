@@ -381,12 +381,13 @@ export function decodeWatchLine<T extends KubeObject>(line: string): WatchLine<T
 
 /**
  * How a failure counts for the retry: an API server answering 500/502/503/504 (it cannot reach etcd, or is
- * starting) is an outage like one that cannot be reached at all: retried every few seconds, and its
- * first other answer ends the outage. Found by the etcd-down chaos scenario: after 20 s without etcd
- * the 504s' backoff delayed a Secret change by 15 s.
+ * starting) or 429 (its watch cache is initializing again after etcd was away; it asks for a retry
+ * after a second) is an outage like one that cannot be reached at all: retried every few seconds, and
+ * its first other answer ends the outage. Found by the etcd-down chaos scenario: after 20 s without
+ * etcd the 504s' backoff delayed a Secret change by 15 s, after 5 minutes the 429s' by 14 s.
  */
 export function outageReason(e: KubeError): KubeError["reason"] {
-  return e.reason === "unreachable" || (e.status !== undefined && [500, 502, 503, 504].includes(e.status)) ? "unreachable" : e.reason;
+  return e.reason === "unreachable" || (e.status !== undefined && [429, 500, 502, 503, 504].includes(e.status)) ? "unreachable" : e.reason;
 }
 
 /**

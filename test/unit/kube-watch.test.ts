@@ -23,10 +23,10 @@ describe("backoffDelay", () => {
 // its RBAC cache was filled, then 410) with 15–25 s waits, so a Secret changed during the outage was
 // applied 16–28 s late.
 describe("outageReason", () => {
-  test("an API server answering 500/502/503/504 (no etcd) is an outage like one that cannot be reached; other answers are what they are", () => {
-    for (const status of [500, 502, 503, 504]) expect(outageReason(new KubeError("x", "http", status))).toBe("unreachable");
+  test("an API server answering 429/500/502/503/504 (no etcd, its watch cache initializing) is an outage like one that cannot be reached; other answers are what they are", () => {
+    for (const status of [429, 500, 502, 503, 504]) expect(outageReason(new KubeError("x", "http", status))).toBe("unreachable");
     expect(outageReason(new KubeError("x", "unreachable"))).toBe("unreachable");
-    expect(outageReason(new KubeError("x", "http", 429))).toBe("http");
+    expect(outageReason(new KubeError("x", "http", 400))).toBe("http");
     expect(outageReason(new KubeError("x", "forbidden", 403))).toBe("forbidden");
     expect(outageReason(new KubeError("x", "gone", 410))).toBe("gone");
   });

@@ -6,7 +6,7 @@ import type { V1Secret } from "@kubernetes/client-node";
 import { waitApplied } from "../../harness/agent.ts";
 import { waitFor } from "../../harness/exec.ts";
 import { watchUntil } from "../../harness/watch.ts";
-import { agentMetric, iterate, leaseRenewTime, maxFigures, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed } from "../lib-control-plane.ts";
+import { agentJournal, agentMetric, iterate, leaseRenewTime, maxFigures, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed } from "../lib-control-plane.ts";
 
 export const scenario: Scenario = {
   id: "etcd-down",
@@ -44,7 +44,10 @@ export const scenario: Scenario = {
         await waitApplied(rig.agent, checksum, 120_000, 250);
         const appliedMs = Math.round(performance.now() - started);
         const watchMs = await watchedMs;
-        if (appliedMs - watchMs > 5_000) problems.push(`a Secret change after the outage was applied ${appliedMs - watchMs} ms after an API server watch delivered it (limit 5000)`);
+        if (appliedMs - watchMs > 5_000) {
+          problems.push(`a Secret change after the outage was applied ${appliedMs - watchMs} ms after an API server watch delivered it (limit 5000)`);
+          log((await agentJournal(rig.node, Date.now() - 120_000)).split("\n").filter((l) => l.includes("watch")).slice(-30).join("\n"));
+        }
         const readyMs = await waitAgentReady(rig, 30_000);
         problems.push(...unitRestarts(before, await unitStates(rig.node)).map((r) => `unexpected restart: ${r}`));
         figures.push({ apiServerReadsMs, leaseRenewedMs: lease.ms, watchDeliveredMs: watchMs, appliedMs, readyMs, renewFailures });
