@@ -20,23 +20,20 @@ import { type DelayStart, DelayStartSchema, delayStartPath } from "../api/delay-
 import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
-import { jsonStore, type StateStore } from "../apply/state-store.ts";
+import { jsonStore } from "../apply/state-store.ts";
 import { type BootClockReading, elapsedBetween, readBootClock } from "../host/boot-clock.ts";
-import type { Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
-import type { Systemd } from "../host/systemd.ts";
-import type { Kube } from "../kube/client.ts";
-import { type EventRecorder, nodeRef } from "../kube/events.ts";
+import { nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged, patchNodeMetadata } from "../kube/node.ts";
 import { createSerialGate, isSerialRollout, type SerialGate } from "../kube/serial-gate.ts";
 import { watchSecretRefs } from "../kube/secret-refs.ts";
 import { watchObjects } from "../kube/watch.ts";
-import type { NodeSource, StatusBoard } from "./types.ts";
+import type { OscWorkDeps } from "./types.ts";
 import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
 import { backoffDelay, monotonicMs } from "../time.ts";
 import { singleFlight } from "../loops.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
-import { describeError, type Logger } from "../log.ts";
+import { describeError } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
 import type { Step } from "../api/plan.ts";
@@ -68,17 +65,8 @@ export const labels = {
 export const conditionType = "OperatingSystemConfigApplied";
 const apiServerManifest = "/etc/kubernetes/manifests/kube-apiserver.yaml";
 
-export type OscControllerDeps = {
-  kube: Kube;
-  files: Files;
-  systemd: Systemd;
-  store: StateStore;
-  events: EventRecorder;
-  node: NodeSource;
-  status: StatusBoard;
+export type OscControllerDeps = OscWorkDeps & {
   metrics: Registry;
-  log: Logger;
-  secretName: string;
   kubernetesVersion: string;
   syncPeriodMs: number;
   hostName: string;

@@ -16,33 +16,22 @@ import { pausedLabel, poolLabel, type RolloutSettings, slotCount } from "../api/
 import { emptyRolloutState, lastGoodOscPath, type RolloutState, RolloutStateSchema, rolloutStatePath } from "../api/rollout-state.ts";
 import { matches } from "../api/selector.ts";
 import { nextOpening, openWindow } from "../api/windows.ts";
-import { jsonStore, type StateStore } from "../apply/state-store.ts";
-import type { Files } from "../host/files.ts";
-import type { Systemd } from "../host/systemd.ts";
+import { jsonStore } from "../apply/state-store.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
-import { type EventRecorder, nodeRef } from "../kube/events.ts";
+import { nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged } from "../kube/node.ts";
 import { createSlots, type SlotHolder, type Slots } from "../kube/slots.ts";
-import { describeError, type Logger } from "../log.ts";
+import { describeError } from "../log.ts";
 import { checkHealth, gateRun, type GateTick } from "./health-gate.ts";
 import { sinceBootMs } from "../host/boot-clock.ts";
-import type { NodeSource, StatusBoard } from "./types.ts";
+import type { OscWorkDeps } from "./types.ts";
 
 export const rolloutConditionType = "OperatingSystemConfigRollout";
 /** The annotation the OSC controller sets on the Node: which OSC is applied there. */
 const appliedChecksumAnnotation = "checksum/cloud-config-data";
 
-export type RolloutDeps = {
-  kube: Kube;
-  files: Files;
-  systemd: Systemd;
-  store: StateStore;
-  events: EventRecorder;
-  node: NodeSource;
-  status: StatusBoard;
-  log: Logger;
-  secretName: string;
+export type RolloutDeps = OscWorkDeps & {
   stuckThresholdMs: number;
   /** How often a held slot is renewed (its Lease lasts 4 times as long). */
   renewEveryMs?: number;

@@ -1,6 +1,12 @@
 // What the controllers share: the agent's Node as one watch (instead of one per controller), and a
 // status board each controller reports into, which /readyz and `trellis status` read.
 import type { V1Node } from "@kubernetes/client-node";
+import type { StateStore } from "../apply/state-store.ts";
+import type { Files } from "../host/files.ts";
+import type { Systemd } from "../host/systemd.ts";
+import type { Kube } from "../kube/client.ts";
+import type { EventRecorder } from "../kube/events.ts";
+import type { Logger } from "../log.ts";
 
 export type Controller = { stop(): Promise<void> };
 
@@ -26,4 +32,18 @@ export type ComponentStatus = {
 export type StatusBoard = {
   set(component: string, status: Omit<ComponentStatus, "at">): void;
   snapshot(): Record<string, ComponentStatus>;
+};
+
+/** What the OSC controller and the controllers working on the same OSC (rollouts) are given alike. */
+export type OscWorkDeps = {
+  kube: Kube;
+  files: Files;
+  systemd: Systemd;
+  store: StateStore;
+  events: EventRecorder;
+  node: NodeSource;
+  status: StatusBoard;
+  log: Logger;
+  /** The OSC Secret (kube-system) this node applies. */
+  secretName: string;
 };
