@@ -14,33 +14,22 @@ import { type FSWatcher, watch } from "node:fs";
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration } from "../api/duration.ts";
 import { observeFile } from "../apply/observe.ts";
-import type { StateStore } from "../apply/state-store.ts";
-import type { Files } from "../host/files.ts";
-import type { Systemd } from "../host/systemd.ts";
-import type { Kube } from "../kube/client.ts";
-import { type EventRecorder, nodeRef } from "../kube/events.ts";
+import { nodeRef } from "../kube/events.ts";
 import { patchNodeConditionIfChanged } from "../kube/node.ts";
-import { describeError, type Logger } from "../log.ts";
+import { describeError } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Step } from "../api/plan.ts";
 import { type Drift, driftInSteps, driftKinds, type Written, fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../plan/drift.ts";
 import type { OscController } from "./osc.ts";
-import type { Controller, NodeSource, StatusBoard } from "./types.ts";
+import type { Controller, OscWorkDeps } from "./types.ts";
+import { monotonicMs } from "../time.ts";
 import { assessUnit } from "./unit-health.ts";
 
 export const driftConditionType = "ConfigurationDrift";
 const maxWatches = 512;
 
-export type DriftControllerDeps = {
-  files: Files;
-  systemd: Systemd;
-  store: StateStore;
-  events: EventRecorder;
-  kube: Kube;
-  node: NodeSource;
+export type DriftControllerDeps = Omit<OscWorkDeps, "secretName"> & {
   metrics: Registry;
-  status: StatusBoard;
-  log: Logger;
   osc: Pick<OscController, "between" | "onReconciled">;
   selfUnit: string;
   config: NodeAgentConfiguration["controllers"]["drift"];
@@ -51,7 +40,7 @@ export type DriftControllerDeps = {
 export function startDriftController(deps: DriftControllerDeps): Controller {
   const log = deps.log.with({ controller: "drift" });
   const { config } = deps;
-  const clock = deps.clock ?? (() => performance.now());
+  const clock = deps.clock ?? monotonicMs;
   const found = deps.metrics.counter("trellis_drift_total", "Drift found on the node (repaired, or only reported in mode report), by kind.");
   for (const kind of driftKinds) found.inc({ kind }, 0);
   if (config.mode === "disabled") {

@@ -26,6 +26,7 @@ import { describeError } from "../log.ts";
 import { checkHealth, gateRun, type GateTick } from "./health-gate.ts";
 import { sinceBootMs } from "../host/boot-clock.ts";
 import type { OscWorkDeps } from "./types.ts";
+import { monotonicMs } from "../time.ts";
 
 export const rolloutConditionType = "OperatingSystemConfigRollout";
 /** The annotation the OSC controller sets on the Node: which OSC is applied there. */
@@ -98,7 +99,7 @@ export async function safeToReclaim(kube: Kube, h: SlotHolder): Promise<boolean>
 export function startRollout(deps: RolloutDeps): Rollout {
   const log = deps.log.with({ controller: "rollout" });
   const now = deps.now ?? Date.now;
-  const clock = deps.clock ?? (() => performance.now());
+  const clock = deps.clock ?? monotonicMs;
   const renewEveryMs = deps.renewEveryMs ?? 10_000;
   const core = apiClient(deps.kube, CoreV1Api);
   let cached: RolloutState | undefined;
