@@ -7,10 +7,13 @@ export class KubeError extends Error {
     message: string,
     readonly reason: "tls-untrusted" | "tls-hostname" | "unreachable" | "unauthorized" | "forbidden" | "not-found" | "conflict" | "gone" | "http" | "other",
     readonly status?: number,
-    options?: { cause?: unknown },
+    options?: { cause?: unknown; retryAfterMs?: number },
   ) {
     super(message, options);
+    this.retryAfterMs = options?.retryAfterMs;
   }
+  /** When the API server asked for the retry (a Status's details.retryAfterSeconds, as with its 429s). */
+  readonly retryAfterMs: number | undefined;
 }
 
 // TLS verification failures as Bun's and Node's TLS stacks report them.
@@ -76,7 +79,7 @@ function fromStatus(status: number, body: unknown, ctx: RequestContext): KubeErr
     case 410:
       return new KubeError(`${ctx.what}: gone (410)${suffix}`, "gone", status);
     default:
-      return new KubeError(`${ctx.what}: HTTP ${status}${suffix}`, "http", status);
+      return new KubeError(`${ctx.what}: HTTP ${status}${suffix}`, "http", status, { retryAfterMs: retryAfterMs(body) });
   }
 }
 
@@ -84,6 +87,14 @@ function statusMessage(body: unknown): string | undefined {
   const parsed = typeof body === "string" ? safeJson(body) : body;
   if (parsed && typeof parsed === "object" && "message" in parsed && typeof parsed.message === "string") return parsed.message;
   return typeof body === "string" && body !== "" ? body.slice(0, 300) : undefined;
+}
+
+/** A Status's details.retryAfterSeconds in ms, where the API server names one (1 to 600 s are believed). */
+function retryAfterMs(body: unknown): number | undefined {
+  const parsed = typeof body === "string" ? safeJson(body) : body;
+  const details = parsed && typeof parsed === "object" && "details" in parsed ? parsed.details : undefined;
+  const seconds = details && typeof details === "object" && "retryAfterSeconds" in details ? details.retryAfterSeconds : undefined;
+  return typeof seconds === "number" && Number.isInteger(seconds) && seconds >= 1 && seconds <= 600 ? seconds * 1000 : undefined;
 }
 
 function safeJson(s: string): unknown {

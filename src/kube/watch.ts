@@ -263,7 +263,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
         settleBackoff();
         const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `watching ${target}` });
         const reason = outageReason(e);
-        const retry = nextRetry({ failures, reason: lastReason }, reason, backoff, random());
+        const retry = nextRetry({ failures, reason: lastReason }, { reason, retryAfterMs: e.retryAfterMs }, backoff, random());
         failures = retry.failures;
         lastReason = reason;
         const delayMs = retry.delayMs;
@@ -395,12 +395,18 @@ export function outageReason(e: KubeError): KubeError["reason"] {
  * `prev.reason`. The first answer from a server that could not be reached starts the doubling over: the
  * outage is over, and what a restarting API server answers first (a 403 before its RBAC cache is filled,
  * a 410 for a resourceVersion from before) must not wait out the backoff the outage built up. A server
- * that cannot be reached is tried again at least every unreachableMaxMs.
+ * that cannot be reached is tried again at least every unreachableMaxMs. A server that names an earlier
+ * retry than the backoff's ceiling (kube-apiserver's watch cache, initializing again after a short etcd
+ * outage, answers 429 with a retry after 1 to 3 s, growing with the outage's length up to 30 s) is tried
+ * then, spread by up to a fifth so a pool does not come back in step; a later one than the ceiling is not
+ * waited for, as with any outage.
  */
-export function nextRetry(prev: { failures: number; reason?: KubeError["reason"] }, reason: KubeError["reason"], b: Backoff, random: number): { failures: number; delayMs: number } {
+export function nextRetry(prev: { failures: number; reason?: KubeError["reason"] }, failure: { reason: KubeError["reason"]; retryAfterMs?: number }, b: Backoff, random: number): { failures: number; delayMs: number } {
+  const { reason, retryAfterMs } = failure;
   const outageOver = prev.reason === "unreachable" && reason !== "unreachable";
   const n = reason === "gone" || outageOver ? 1 : prev.failures + 1;
   const maxMs = reason === "unreachable" ? Math.min(b.unreachableMaxMs, b.maxMs) : b.maxMs;
+  if (retryAfterMs !== undefined && retryAfterMs < maxMs) return { failures: n, delayMs: Math.min(maxMs, retryAfterMs * (1 + random / 5)) };
   return { failures: n, delayMs: backoffDelay(n, { initialMs: b.initialMs, maxMs }, random) };
 }
 

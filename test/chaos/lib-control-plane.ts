@@ -157,6 +157,18 @@ export async function agentMetric(rig: Rig, series: string): Promise<number | un
   return line === undefined ? undefined : Number(line.slice(series.length + 1));
 }
 
+/**
+ * The Lease renewals that failed since the counter read `before`, waiting up to `timeoutMs` for the first
+ * (0 if none came): a renewal sent just before the fault fails only when its request times out, 10 s later.
+ */
+export async function renewFailuresSince(rig: Rig, before: number, timeoutMs: number): Promise<number> {
+  const failures = async () => ((await agentMetric(rig, "trellis_lease_renew_failures_total")) ?? 0) - before;
+  return await waitFor("a failed Lease renewal", async () => {
+    const n = await failures();
+    return n >= 1 ? n : undefined;
+  }, timeoutMs, 250).catch(() => failures());
+}
+
 export async function leaseRenewTime(rig: Rig): Promise<string | undefined> {
   const leases = rig.cluster.admin().makeApiClient(CoordinationV1Api);
   const lease = await leases.readNamespacedLease({ name: `gardener-node-agent-${rig.agent.name}`, namespace: "kube-system" });

@@ -35,17 +35,36 @@ describe("outageReason", () => {
 describe("nextRetry", () => {
   const b = { initialMs: 500, maxMs: 30_000, unreachableMaxMs: 4_000, resetAfterMs: 60_000 };
   test("an unreachable server is tried again at least every unreachableMaxMs, however long the outage", () => {
-    expect(nextRetry({ failures: 20, reason: "unreachable" }, "unreachable", b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, { reason: "unreachable" }, b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
   });
   test("a server that answers with an error backs off up to maxMs", () => {
-    expect(nextRetry({ failures: 20, reason: "http" }, "http", b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
+    expect(nextRetry({ failures: 20, reason: "http" }, { reason: "http" }, b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
   });
   test("the first answer after an outage (a 403 of a restarting API server) starts the doubling over", () => {
-    expect(nextRetry({ failures: 9, reason: "unreachable" }, "forbidden", b, 1)).toEqual({ failures: 1, delayMs: 500 });
-    expect(nextRetry({ failures: 1, reason: "forbidden" }, "forbidden", b, 1)).toEqual({ failures: 2, delayMs: 1_000 });
+    expect(nextRetry({ failures: 9, reason: "unreachable" }, { reason: "forbidden" }, b, 1)).toEqual({ failures: 1, delayMs: 500 });
+    expect(nextRetry({ failures: 1, reason: "forbidden" }, { reason: "forbidden" }, b, 1)).toEqual({ failures: 2, delayMs: 1_000 });
   });
   test("a 410 after an outage relists after the initial delay, not the outage's backoff", () => {
-    expect(nextRetry({ failures: 9, reason: "http" }, "gone", b, 1)).toEqual({ failures: 1, delayMs: 500 });
+    expect(nextRetry({ failures: 9, reason: "http" }, { reason: "gone" }, b, 1)).toEqual({ failures: 1, delayMs: 500 });
+  });
+  test("a server that names an earlier retry than the backoff's ceiling (a 429 with retryAfterSeconds 1) is tried then, spread by up to a fifth", () => {
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, { reason: "unreachable", retryAfterMs: 1_000 }, b, 0)).toEqual({ failures: 21, delayMs: 1_000 });
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, { reason: "unreachable", retryAfterMs: 1_000 }, b, 1)).toEqual({ failures: 21, delayMs: 1_200 });
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, { reason: "unreachable", retryAfterMs: 3_000 }, b, 1)).toEqual({ failures: 21, delayMs: 3_600 });
+  });
+  test("a later retry than the ceiling (30 s after a long etcd outage) is not waited for", () => {
+    expect(nextRetry({ failures: 20, reason: "unreachable" }, { reason: "unreachable", retryAfterMs: 30_000 }, b, 1)).toEqual({ failures: 21, delayMs: 4_000 });
+    expect(nextRetry({ failures: 20, reason: "http" }, { reason: "http", retryAfterMs: 600_000 }, b, 1)).toEqual({ failures: 21, delayMs: 30_000 });
+  });
+});
+
+describe("retryAfterMs of an API server's Status", () => {
+  const status = (details: unknown) => statusError({ server: "https://s", caSource: "ca" }, "watching", 429, JSON.stringify({ kind: "Status", code: 429, message: "storage is (re)initializing", details }));
+  test("details.retryAfterSeconds becomes the error's retryAfterMs", () => {
+    expect(status({ retryAfterSeconds: 1 }).retryAfterMs).toBe(1_000);
+  });
+  test("none, zero, fractions, strings and absurd values are not believed", () => {
+    for (const d of [undefined, {}, { retryAfterSeconds: 0 }, { retryAfterSeconds: 1.5 }, { retryAfterSeconds: "1" }, { retryAfterSeconds: 86_400 }]) expect(status(d).retryAfterMs).toBeUndefined();
   });
 });
 

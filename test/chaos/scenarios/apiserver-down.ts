@@ -3,7 +3,7 @@
 // Odd iterations change the Secret after the API server is back; even ones change it during the outage
 // through a second kube-apiserver on the same etcd (the agent's own server is the one that is down).
 import type { Scenario } from "../scenario.ts";
-import { agentJournal, agentMetric, applyChange, iterate, leaseRenewTime, maxFigures, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed, waitSecretWatch } from "../lib-control-plane.ts";
+import { agentJournal, agentMetric, applyChange, iterate, leaseRenewTime, maxFigures, renewFailuresSince, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed, waitSecretWatch } from "../lib-control-plane.ts";
 import { waitApplied } from "../../harness/agent.ts";
 
 export const scenario: Scenario = {
@@ -33,7 +33,7 @@ export const scenario: Scenario = {
           }
         }
         await Bun.sleep(Math.max(0, outageMs - (performance.now() - outageStarted)));
-        const renewFailures = ((await agentMetric(rig, "trellis_lease_renew_failures_total")) ?? 0) - failuresBefore;
+        const renewFailures = await renewFailuresSince(rig, failuresBefore, 15_000);
         if (renewFailures < 1) problems.push("the agent reported no failed Lease renewal during the outage");
         const starting = Date.now();
         await rig.cluster.startApiServer();
