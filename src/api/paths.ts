@@ -16,6 +16,8 @@ export const paths = {
   binaryDir: "/opt/bin",
   /** The name of the Node the agent last reported on: found again after the hostname changed. */
   nodeName: `${baseDir}/trellis/node-name`,
+  /** The sha256 of the files trellis checks, by their identity (src/host/known-hashes.ts). */
+  knownHashes: `${baseDir}/trellis/known-hashes.json`,
   /** Files extracted from images (imageRef), by content hash. */
   imageCache: `${baseDir}/trellis/images`,
   /** containerd's per-registry hosts.toml directories: the mirrors trellis pulls through too. */

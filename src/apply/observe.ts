@@ -23,28 +23,20 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
   }
   const observedFiles = new Map<string, { sha256: string; mode: number } | null>();
   const landsAt = new Map<string, string>();
-  await Promise.all(
-    [...paths].map(async (path) => {
-      const at = await files.landsAt(path);
-      if (at !== undefined && at !== path) landsAt.set(path, at);
-      observedFiles.set(path, (await observeFile(files, path)) ?? null);
-    }),
-  );
+  for (const [path, seen] of await files.inspect([...paths])) {
+    if (seen.landsAt !== path) landsAt.set(path, seen.landsAt);
+    observedFiles.set(path, seen.file ? { sha256: seen.file.sha256, mode: seen.file.mode } : null);
+  }
   if (!systemd) return { files: observedFiles, landsAt };
   const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
-  for (const name of units) {
-    const s = await systemd.unitStatus(name);
-    observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
-  }
+  for (const [name, s] of await systemd.unitStates([...units])) observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
   return { files: observedFiles, landsAt, units: observedUnits };
 }
 
 /** Hash and mode of the regular file at `path`; undefined when there is none. */
 export async function observeFile(files: Files, path: string): Promise<{ sha256: string; mode: number } | undefined> {
-  const st = await files.stat(path);
-  if (!st || st.kind !== "file") return undefined;
-  const sha256 = await files.sha256(path);
-  return sha256 === undefined ? undefined : { sha256, mode: st.mode };
+  const file = (await files.inspect([path])).get(path)?.file;
+  return file && { sha256: file.sha256, mode: file.mode };
 }
 
 /** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */

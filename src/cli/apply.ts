@@ -1,8 +1,9 @@
 import { parseArgs } from "node:util";
-import { agentUnit } from "../api/paths.ts";
+import { agentUnit, paths } from "../api/paths.ts";
 import { applyDesired } from "../apply/apply.ts";
 import { createStateStore, stateLockPath } from "../apply/state-store.ts";
 import { createFiles } from "../host/files.ts";
+import { withKnownHashes } from "../host/known-hashes.ts";
 import { lockStateDir } from "../host/state-lock.ts";
 import { createSystemd } from "../host/systemd.ts";
 import { createLogger } from "../log.ts";
@@ -30,7 +31,7 @@ export async function run(args: string[]): Promise<number> {
   const log = createLogger();
   // Before anything is read or cached: the agent, or another apply, may be changing the node.
   const lock = await lockStateDir(stateLockPath, "apply");
-  const files = createFiles("/");
+  const files = await withKnownHashes(createFiles("/"), { path: paths.knownHashes, log });
   const systemd = createSystemd({ log });
   try {
     const input = await readOscFile(values.osc, files, log, { ...(values.hostname ? { host: values.hostname } : {}), imageCache: "node" });

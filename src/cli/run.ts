@@ -22,6 +22,7 @@ import { startTokenController } from "../controllers/token.ts";
 import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
 import { createFiles } from "../host/files.ts";
+import { withKnownHashes } from "../host/known-hashes.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
 import { startSystemdNotify } from "../host/notify.ts";
 import { lockStateDir } from "../host/state-lock.ts";
@@ -65,7 +66,7 @@ export async function run(args: string[]): Promise<number> {
   // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
   const lock = await lockStateDir(stateLockPath, "run");
   const notify = startSystemdNotify({ log });
-  const files = createFiles("/");
+  const files = await withKnownHashes(createFiles("/"), { path: paths.knownHashes, log });
   const connection = connectionFor(config, process.env, existsSync);
   // A client certificate that expired while the machine was off cannot renew itself (the certificate
   // controller renews with it): a new one is requested with the bootstrap token, as `bootstrap` would,

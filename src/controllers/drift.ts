@@ -12,6 +12,7 @@
 // maxWatches of them; a directory that does not exist yet is watched after the next reconcile.
 import { type FSWatcher, watch } from "node:fs";
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
+import type { OwnedUnit } from "../api/state.ts";
 import { formatDuration } from "../api/duration.ts";
 import { observeFile } from "../apply/observe.ts";
 import { nodeRef } from "../kube/events.ts";
@@ -23,7 +24,7 @@ import { type Drift, driftInSteps, driftKinds, type Written, fileDrift, pathsUnd
 import type { OscController } from "./osc.ts";
 import type { Controller, OscWorkDeps } from "./types.ts";
 import { monotonicMs } from "../time.ts";
-import { assessUnit } from "./unit-health.ts";
+import { type AssessableStatus, assessUnit, statusesForAssessment } from "./unit-health.ts";
 
 export const driftConditionType = "ConfigurationDrift";
 const maxWatches = 512;
@@ -144,16 +145,19 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     const state = await deps.store.read();
     const recorded = writtenPaths(state.owned);
     const drifts: Drift[] = [];
+    const seen = await deps.files.inspect(paths.filter((path) => recorded.has(path)));
     for (const path of paths) {
       const want = recorded.get(path);
-      const d = want ? fileDrift(path, want, await observeFile(deps.files, path)) : undefined;
+      const file = seen.get(path)?.file;
+      const d = want ? fileDrift(path, want, file && { sha256: file.sha256, mode: file.mode }) : undefined;
       if (d) drifts.push(d);
       else reported.delete(path);
     }
-    for (const unit of unitNames) {
-      const want = state.owned.units[unit];
-      if (!want || unit === deps.selfUnit) continue;
-      const s = await deps.systemd.unitStatus(unit);
+    const checked = unitNames.filter((unit) => state.owned.units[unit] && unit !== deps.selfUnit);
+    const statuses = await statusesForAssessment(deps.systemd, checked);
+    for (const unit of checked) {
+      const want = state.owned.units[unit] as OwnedUnit;
+      const s = statuses.get(unit) as AssessableStatus;
       // Only a clean stop: a unit that failed is unit-health's (SystemdUnitsReady) and its Restart='s.
       if (s.activeState === "inactive" && assessUnit(unit, want, s, Number.POSITIVE_INFINITY, 0).health === "unhealthy") {
         drifts.push({ target: unit, kind: "unit-stopped", detail: `${unit}: stopped (${s.subState}), the OSC wants it running` });

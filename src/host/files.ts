@@ -34,6 +34,27 @@ export type FileStat = {
   kind: FileKind;
 };
 
+/**
+ * What identifies a file's content without reading it, as git's index does: device, inode, size, and the
+ * modification and change times in ns. A write or a rename over the file changes it; ctime cannot be set
+ * back by anyone, so content changed with its mtime restored changes it too.
+ */
+export type FileIdentity = string;
+
+export type Inspection = {
+  /** The node path a write replaces (see Files.landsAt). */
+  landsAt: string;
+  /**
+   * The regular file there. identity is left out when the file changed too recently to be vouched for
+   * by it: within the file system's timestamp granularity, a second write may leave every field as it was
+   * (git's "racily clean" entries).
+   */
+  file?: { mode: number; sha256: string; identity?: FileIdentity };
+};
+
+/** sha256 recorded earlier for `path` while its identity was `identity`; undefined: read the file. */
+export type KnownHashes = (path: string, identity: FileIdentity) => string | undefined;
+
 export interface Files {
   /** The absolute host directory node paths are mapped under ("/" on a node). */
   readonly root: string;
@@ -60,6 +81,13 @@ export interface Files {
    * not. Two paths landing on the same one are one file. Undefined when it cannot be resolved (see writeProblem).
    */
   landsAt(path: string): Promise<string | undefined>;
+  /**
+   * What observing the node needs of each path, in one pass: where a write of it lands (as landsAt) and
+   * the regular file there, if any, with its mode, sha256 and identity. Directories the paths share are
+   * opened and checked once per pass. `known` vouches for the sha256 of a file whose identity is
+   * unchanged, which is then not read again. Throws FileError where a path cannot be resolved safely.
+   */
+  inspect(paths: readonly string[], known?: KnownHashes): Promise<Map<string, Inspection>>;
   /** Removes a file or symlink (not a directory); false if it was not there. */
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
@@ -156,6 +184,9 @@ function unreplaceable(s: Stats): string | undefined {
   return s.isFile() || s.isSymbolicLink() ? undefined : notRegular(s);
 }
 
+/** How recent a change is too recent for a file's identity to vouch for its content (Files.inspect). */
+const racyNs = 1_000_000_000n;
+
 /** The kernel follows at most 40 symlinks in one lookup; so does the resolution here. */
 const maxSymlinks = 40;
 
@@ -187,9 +218,11 @@ async function lstatIfAny(p: string): Promise<Stats | undefined> {
   }
 }
 
-async function hashHandle(fh: FileHandle): Promise<string> {
+/** `size`: what fstat said, so a small file is read into a buffer its size (one more byte sees the end). */
+async function hashHandle(fh: FileHandle, size?: number): Promise<string> {
   const hash = createHash("sha256");
-  const buf = new Uint8Array(1 << 20); // streamed: binaries under /opt/bin are hashed too
+  // Streamed in at most 1 MiB: binaries under /opt/bin are hashed too.
+  const buf = new Uint8Array(size === undefined ? 1 << 20 : Math.min(1 << 20, Math.max(4096, size + 1)));
   for (;;) {
     const { bytesRead } = await fh.read(buf, 0, buf.length, null);
     if (bytesRead === 0) return hash.digest("hex");
@@ -296,16 +329,16 @@ export function createFiles(rootDir = "/"): Files {
    * through; a symlink is followed within the root. `follow`: the final component too (it is then checked
    * like the others). `create`: missing parents are made. The caller closes the place's directory.
    */
-  async function walk(op: string, path: string, o: { follow: boolean; create: boolean }): Promise<Walk> {
+  async function walk(op: string, path: string, o: { follow: boolean; create: boolean }, pass?: Pass): Promise<Walk> {
     checkNodePath(path, op);
-    const stack: Dir[] = [await openRoot(op, path)];
+    const stack: Dir[] = [await shared(pass, "/", () => openRoot(op, path))];
     let kept: Dir | undefined;
     const place = (dir: Dir, name: string, st?: Stats): Walk => {
       kept = dir;
       return { kind: "place", at: { dir, name, node: name === "." ? dir.node : child(dir.node, name), ...(st ? { st } : {}) } };
     };
     const up = async (to: number) => {
-      while (stack.length > to) await (stack.pop() as Dir).fh.close();
+      while (stack.length > to) await release(pass, stack.pop() as Dir);
     };
     try {
       const todo = path.split("/").filter((p) => p !== "");
@@ -341,14 +374,79 @@ export function createFiles(rootDir = "/"): Files {
           if (target.startsWith("/")) await up(1);
           continue;
         }
-        if (st.isDirectory()) stack.push(await openDir(op, path, dir, name));
+        if (st.isDirectory()) stack.push(await shared(pass, child(dir.node, name), () => openDir(op, path, dir, name)));
         else if (last) return place(dir, name, st);
         else return { kind: "notDir", node: child(dir.node, name), rest: todo };
       }
       const top = stack[stack.length - 1] as Dir; // the path named a directory: the root, or through a final symlink or ".."
       return place(top, ".", top.st);
     } finally {
-      for (const d of stack) if (d !== kept) await d.fh.close();
+      for (const d of stack) if (d !== kept) await release(pass, d);
+    }
+  }
+
+  /**
+   * The directories one inspect pass opened and checked, by resolved node path: each is walked through
+   * by every path below it in the pass, and closed when the pass ends. Held open, a directory stays the
+   * one that was checked, whatever is renamed meanwhile, as during a single walk.
+   */
+  type Pass = Map<string, Promise<Dir>>;
+
+  function shared(pass: Pass | undefined, node: string, open: () => Promise<Dir>): Promise<Dir> {
+    if (!pass) return open();
+    let dir = pass.get(node);
+    if (!dir) {
+      dir = open();
+      pass.set(node, dir);
+      // A failed open is not cached: the next path through it fails with its own error.
+      dir.catch(() => pass.delete(node));
+    }
+    return dir;
+  }
+
+  async function release(pass: Pass | undefined, dir: Dir): Promise<void> {
+    if (pass && (await pass.get(dir.node)) === dir) return;
+    await dir.fh.close();
+  }
+
+  async function endPass(pass: Pass): Promise<void> {
+    const dirs = await Promise.allSettled(pass.values());
+    pass.clear();
+    for (const d of dirs) if (d.status === "fulfilled") await d.value.fh.close();
+  }
+
+  /** One path of an inspect pass (Files.inspect). */
+  async function inspectOne(path: string, pass: Pass, known: KnownHashes | undefined): Promise<Inspection> {
+    const op = "inspect";
+    const w = await walk(op, path, { follow: false, create: false }, pass);
+    if (w.kind !== "place") return { landsAt: [w.node, ...w.rest].join("/") };
+    const { at } = w;
+    try {
+      let st: Stats | undefined;
+      try {
+        st = await lstatIfAny(via(at.dir, at.name));
+      } catch (err) {
+        throw fail(op, path, describe(err), err);
+      }
+      if (!st?.isFile()) return { landsAt: at.node };
+      const fh = await openRegular(op, path, { ...at, st });
+      if (!fh) return { landsAt: at.node };
+      try {
+        const startedNs = BigInt(Date.now()) * 1_000_000n;
+        const f = await fh.stat({ bigint: true });
+        const identity = `${f.dev}:${f.ino}:${f.size}:${f.mtimeNs}:${f.ctimeNs}`;
+        const sha256 = known?.(path, identity) ?? (await hashHandle(fh, Number(f.size)));
+        // A change in the last second may share every field with the next one: not vouched for yet.
+        const settled = f.ctimeNs < startedNs - racyNs && f.mtimeNs < startedNs - racyNs;
+        return { landsAt: at.node, file: { mode: Number(f.mode) & 0o7777, sha256, ...(settled ? { identity } : {}) } };
+      } catch (err) {
+        if (err instanceof FileError) throw err;
+        throw fail(op, path, describe(err), err);
+      } finally {
+        await fh.close();
+      }
+    } finally {
+      await release(pass, at.dir);
     }
   }
 
@@ -514,6 +612,16 @@ export function createFiles(rootDir = "/"): Files {
         throw err;
       }
     },
+    async inspect(paths, known) {
+      const pass: Pass = new Map();
+      // Every path settles before the pass's directories are closed, the failed ones too.
+      const results = await Promise.allSettled(paths.map(async (path) => [path, await inspectOne(path, pass, known)] as const));
+      await endPass(pass);
+      const failed = results.find((r) => r.status === "rejected");
+      if (failed) throw failed.reason;
+      return new Map(results.map((r) => (r as PromiseFulfilledResult<readonly [string, Inspection]>).value));
+    },
+
     async landsAt(path) {
       let w: Walk;
       try {

@@ -186,6 +186,36 @@ test("drift made while the agent was down is repaired by its first reconcile, an
   expect(await agent.node.readFile("/etc/ticker/message")).toBe("tick\n");
 }, 60_000);
 
+test("content changed in place while the agent was down, size and mtime restored, is repaired on start: the persisted known hashes do not vouch for it", async () => {
+  const stop = () => agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
+  const start = () => agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
+  // A start whose first reconcile finds the file settled records its identity, and saves it on the way out at the latest.
+  await stop();
+  await start();
+  await watching(agent, "repair");
+  await waitFor(
+    "the known hashes recording /etc/web/index.html",
+    async () => (await agent.node.exec(["cat", "/var/lib/gardener-node-agent/trellis/known-hashes.json"])).stdout.includes('"/etc/web/index.html"'),
+    20_000,
+    100,
+  );
+  await stop();
+  const before = await agent.node.readFile("/etc/web/index.html");
+  const edited = before.replace("hello", "HELLO");
+  expect(edited.length).toBe(before.length);
+  // Same inode (written through, not renamed over), same size, mtime put back: only ctime tells.
+  await sh(`cp -p /etc/web/index.html /tmp/ref && printf '%s' '${edited}' > /etc/web/index.html && touch -r /tmp/ref /etc/web/index.html`);
+  await start();
+  const event = await waitFor(
+    "the DriftRepaired event of the first reconcile",
+    async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message?.startsWith("/etc/web/index.html: content differs") && e.message.includes("repaired by a reconcile")),
+    20_000,
+    100,
+  );
+  expect(event.type).toBe("Warning");
+  expect(await agent.node.readFile("/etc/web/index.html")).toBe(before);
+}, 90_000);
+
 test("mode report: drift is reported once and left as it is", async () => {
   const config = "/var/lib/gardener-node-agent/config.yaml";
   await agent.node.writeFile(config, (await agent.node.readFile(config)).replace("drift: {", "drift: {mode: report, "), 0o600);

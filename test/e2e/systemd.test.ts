@@ -195,6 +195,31 @@ describe("src/host/systemd.ts against a node's bus, from the host", () => {
     }
   }, 30_000);
 
+  test("unitStates agrees with unitStatus: active, inactive, enabled, masked, an alias, a unit with no file, a unit file systemd rejects", async () => {
+    await node.writeFile("/etc/systemd/system/e2e-states.service", "[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\nAlias=e2e-alias.service\n");
+    await node.writeFile("/etc/systemd/system/e2e-off.service", "[Service]\nExecStart=/bin/true\n");
+    await node.writeFile("/etc/systemd/system/e2e-bad.service", "[Service]\nType=no-such-type\nExecStart=relative/path\n");
+    await node.execOk(["systemctl", "daemon-reload"]);
+    await node.execOk(["systemctl", "enable", "--now", "e2e-states.service"]);
+    await node.execOk(["systemctl", "mask", "e2e-masked.service"]);
+    const sd = createSystemd({ address: node.busAddress });
+    try {
+      const units = ["e2e-states.service", "e2e-alias.service", "e2e-off.service", "e2e-masked.service", "e2e-none.service", "e2e-bad.service", "dbus.service"];
+      const states = await sd.unitStates(units);
+      expect([...states.keys()]).toEqual(units);
+      for (const unit of units) {
+        const full = await sd.unitStatus(unit);
+        expect({ unit, ...states.get(unit) }).toEqual({ unit, loadState: full.loadState, activeState: full.activeState, subState: full.subState, unitFileState: full.unitFileState });
+      }
+      expect(states.get("e2e-states.service")).toMatchObject({ activeState: "active", unitFileState: "enabled" });
+      expect(states.get("e2e-none.service")?.loadState).toBe("not-found");
+      expect(states.get("e2e-masked.service")?.unitFileState).toBe("masked");
+      expect(await sd.unitStates([])).toEqual(new Map());
+    } finally {
+      sd.close();
+    }
+  }, 30_000);
+
   test("jobs wait for the result", async () => {
     await node.writeFile("/etc/systemd/system/e2e-slow.service", "[Service]\nType=oneshot\nExecStart=/bin/sleep 0.3\nRemainAfterExit=yes\n");
     const sd = createSystemd({ address: node.busAddress });

@@ -6,8 +6,8 @@
 import { posix } from "node:path";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { unitFilePath } from "../../src/api/paths.ts";
-import { type FileContent, FileError, type Files, type FileStat } from "../../src/host/files.ts";
-import type { Systemd, UnitFileChange, UnitStatus } from "../../src/host/systemd.ts";
+import { type FileContent, FileError, type Files, type FileStat, type Inspection } from "../../src/host/files.ts";
+import type { Systemd, UnitFileChange, UnitState as SystemdUnitState, UnitStatus } from "../../src/host/systemd.ts";
 
 export type Entry =
   | { kind: "file"; sha256: string; mode: number; bytes?: Uint8Array }
@@ -84,6 +84,18 @@ export class ModelDisk implements Files {
   async landsAt(path: string): Promise<string | undefined> {
     const at = this.locate(path, false);
     return "error" in at ? undefined : at.path;
+  }
+
+  /** As the real one, without identities (nothing is vouched for): a path that cannot be resolved lands at itself, with no file. */
+  async inspect(paths: readonly string[]): Promise<Map<string, Inspection>> {
+    return new Map(
+      paths.map((path) => {
+        const at = this.locate(path, false);
+        if ("error" in at) return [path, { landsAt: path }];
+        const e = at.entry;
+        return [path, { landsAt: at.path, ...(e?.kind === "file" ? { file: { mode: e.mode, sha256: e.sha256 } } : {}) }];
+      }),
+    );
   }
 
   async remove(path: string): Promise<boolean> {
@@ -183,6 +195,9 @@ export class ModelSystemd implements Systemd {
       unitFileState: known ? (s?.unitFileState ?? "disabled") : "",
       triggeredBy: [],
     };
+  }
+  async unitStates(units: readonly string[]): Promise<Map<string, SystemdUnitState>> {
+    return new Map(await Promise.all(units.map(async (u) => [u, await this.unitStatus(u)] as const)));
   }
   async listUnits() {
     return [];
