@@ -19,6 +19,7 @@ import { oscDataKey, paths } from "../api/paths.ts";
 import { type DelayStart, DelayStartSchema, delayStartPath } from "../api/delay-start.ts";
 import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
+import { createOscParser } from "./osc-parse.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
 import { jsonStore } from "../apply/state-store.ts";
 import { type BootClockReading, elapsedBetween, readBootClock } from "../host/boot-clock.ts";
@@ -261,6 +262,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // A node that applied before kubelet registered it reports once the Node exists.
   void deps.node.found.then(() => trigger("node found"));
 
+  const parseOsc = createOscParser({ files: deps.files, path: paths.parsedOsc, log });
+
   async function reconcile(why: string): Promise<Wait> {
     status.reconciles++;
     if (!secret) {
@@ -277,7 +280,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
     // a checksum of its own (`checksum`), for everything else.
     const base = oscChecksum(bytes);
-    const parsed = parseOscBytes(bytes, source);
+    const parsed = await parseOsc(bytes, base, source);
     const layered = parsed.ok ? layersFor(parsed.value, source) : parsed;
     if (!layered.ok) {
       note(base);

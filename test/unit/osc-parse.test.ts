@@ -1,0 +1,77 @@
+// src/controllers/osc-parse.ts: osc.yaml is parsed once per content; a restarted agent reads the kept
+// parse of an unchanged Secret instead of parsing YAML again, and only what JSON holds exactly is kept.
+import { describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { oscChecksum } from "../../src/api/desired.ts";
+import { createOscParser, jsonExact } from "../../src/controllers/osc-parse.ts";
+import { createFiles } from "../../src/host/files.ts";
+import { createLogger } from "../../src/log.ts";
+import { runDir } from "../harness/exec.ts";
+
+const base = runDir("osc-parse");
+const kept = "/var/lib/trellis-test/parsed-osc.json";
+const osc = readFileSync(new URL("../fixtures/web-osc.yaml", import.meta.url));
+const withPlugin = (value: string) =>
+  new TextEncoder().encode(`${new TextDecoder().decode(osc)}\n  criConfig:\n    name: containerd\n    containerd:\n      plugins:\n      - path: [a]\n        values: {since: ${value}}\n`);
+
+function fresh() {
+  const root = mkdtempSync(`${base}/root-`);
+  const lines: string[] = [];
+  const log = createLogger({ level: "warn", write: (l: string) => lines.push(l) });
+  return { root, lines, parser: () => createOscParser({ files: createFiles(root), path: kept, log }) };
+}
+
+describe("parsing osc.yaml", () => {
+  test("the same bytes twice: one parse, the same result", async () => {
+    const { parser } = fresh();
+    const parse = parser();
+    const first = await parse(osc, oscChecksum(osc), "s");
+    expect(first.ok).toBe(true);
+    expect(await parse(osc, oscChecksum(osc), "s")).toBe(first);
+  });
+
+  test("a restarted agent takes the kept parse of the same checksum (validated again), and parses anything else", async () => {
+    const { root, parser } = fresh();
+    await parser()(osc, oscChecksum(osc), "s");
+    expect(readFileSync(`${root}${kept}`).length).toBeGreaterThan(0);
+    // Mark the kept parse: a result carrying the mark was read from it, not parsed from the YAML.
+    const doc = JSON.parse(readFileSync(`${root}${kept}`, "utf8"));
+    doc.osc.spec.files[0].path = "/etc/from-the-kept-parse";
+    writeFileSync(`${root}${kept}`, JSON.stringify(doc));
+    const again = await parser()(osc, oscChecksum(osc), "s");
+    expect(again.ok && again.value.spec.files?.[0]?.path).toBe("/etc/from-the-kept-parse");
+    const other = withPlugin('"x"');
+    const parsed = await parser()(other, oscChecksum(other), "s");
+    expect(parsed.ok && parsed.value.spec.files?.[0]?.path).not.toBe("/etc/from-the-kept-parse");
+    expect(JSON.parse(readFileSync(`${root}${kept}`, "utf8")).checksum).toBe(oscChecksum(other)); // kept in its turn, a string in the plugin's values
+  });
+
+  test.each([["not JSON", "{"], ["an OSC the schema refuses", JSON.stringify({ version: 1, checksum: "c", osc: { kind: "nope" } })]])("a kept parse that is %s is ignored with a warning", async (_, content) => {
+    const { root, lines, parser } = fresh();
+    await parser()(osc, oscChecksum(osc), "s");
+    writeFileSync(`${root}${kept}`, content.replace('"c"', JSON.stringify(oscChecksum(osc))));
+    expect((await parser()(osc, oscChecksum(osc), "s")).ok).toBe(true);
+    expect(lines.join("\n")).toContain("ignoring the kept parse of the OSC");
+  });
+
+  test("an OSC JSON would change (a YAML timestamp in a plugin's values) is not kept", async () => {
+    const { root, parser } = fresh();
+    const dated = withPlugin("2026-11-25T10:00:00Z");
+    const r = await parser()(dated, oscChecksum(dated), "s");
+    expect(r.ok).toBe(true);
+    expect(Bun.file(`${root}${kept}`).size).toBe(0);
+  });
+
+  test("invalid OSCs are not kept, and say what is wrong each time", async () => {
+    const { root, parser } = fresh();
+    const bad = new TextEncoder().encode("kind: [");
+    const r = await parser()(bad, oscChecksum(bad), "s");
+    expect(r.ok).toBe(false);
+    expect(Bun.file(`${root}${kept}`).size).toBe(0);
+  });
+});
+
+test("jsonExact", () => {
+  for (const ok of [null, "s", 1, 0, true, [], {}, { a: [1, { b: null }] }]) expect(jsonExact(ok)).toBe(true);
+  for (const no of [new Date(), -0, Number.NaN, Number.POSITIVE_INFINITY, { a: undefined }, [undefined], new Uint8Array(1), new Map(), 1n, Object.create(null)]) expect(jsonExact(no)).toBe(false);
+});
