@@ -94,7 +94,8 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
   ];
   // The disk cannot show one target below another (an apply would write the first, then fail on the
   // second), nor two that are one file through a symlink (each apply would write both, for ever).
-  const placed = await Promise.all(targets.map(async (t) => ({ ...t, at: (await files.landsAt(t.path)) ?? t.path })));
+  const checks = await files.writeChecks(targets.map((t) => t.path));
+  const placed = targets.map((t) => ({ ...t, at: checks.get(t.path)?.landsAt ?? t.path }));
   const written = new Set(placed.map((t) => t.at));
   const first = new Map<string, string>();
   const found = placed.map((t) => {
@@ -103,8 +104,10 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
     if (same === undefined) first.set(t.at, t.path);
     return { ...t, problem: parent ? `${parent} is a file the OSC writes too` : same ? `it is ${same} too, through a symlink` : undefined };
   });
-  const problems = await Promise.all(found.map(async (t) => ({ ...t, problem: t.problem ?? (await files.writeProblem(t.path)) })));
-  return problems.flatMap((t) => (t.problem ? [`${t.origin}: ${t.path} cannot be written: ${t.problem}`] : []));
+  return found.flatMap((t) => {
+    const problem = t.problem ?? checks.get(t.path)?.problem;
+    return problem ? [`${t.origin}: ${t.path} cannot be written: ${problem}`] : [];
+  });
 }
 
 /** "/a/b/c" → ["/a", "/a/b"]. */

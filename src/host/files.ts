@@ -81,6 +81,8 @@ export interface Files {
    * not. Two paths landing on the same one are one file. Undefined when it cannot be resolved (see writeProblem).
    */
   landsAt(path: string): Promise<string | undefined>;
+  /** landsAt and writeProblem of each path, in one pass (directories the paths share are walked once). */
+  writeChecks(paths: readonly string[]): Promise<Map<string, { landsAt: string | undefined; problem: string | undefined }>>;
   /**
    * What observing the node needs of each path, in one pass: where a write of it lands (as landsAt) and
    * the regular file there, if any, with its mode, sha256 and identity. Directories the paths share are
@@ -415,6 +417,38 @@ export function createFiles(rootDir = "/"): Files {
     for (const d of dirs) if (d.status === "fulfilled") await d.value.fh.close();
   }
 
+  /** One path of a writeChecks pass: as landsAt and writeProblem would answer. */
+  async function writeCheck(path: string, pass: Pass): Promise<{ landsAt: string | undefined; problem: string | undefined }> {
+    const op = "writeAtomic";
+    if (path === "/") return { landsAt: "/", problem: "cannot replace the root directory" };
+    let w: Walk;
+    try {
+      w = await walk(op, path, { follow: false, create: false }, pass);
+    } catch (err) {
+      if (err instanceof FileError) return { landsAt: undefined, problem: err.reason };
+      throw err;
+    }
+    if (w.kind !== "place") return { landsAt: [w.node, ...w.rest].join("/"), problem: w.kind === "notDir" ? notADirectory(w.node) : undefined };
+    try {
+      return { landsAt: w.at.node, problem: await replaceProblem(op, path, w.at) };
+    } catch (err) {
+      if (err instanceof FileError) return { landsAt: w.at.node, problem: err.reason };
+      throw err;
+    } finally {
+      await release(pass, w.at.dir);
+    }
+  }
+
+  /** Runs `one` for every path with one pass's shared directories; every path settles before they are closed. */
+  async function inPass<T>(paths: readonly string[], one: (path: string, pass: Pass) => Promise<T>): Promise<Map<string, T>> {
+    const pass: Pass = new Map();
+    const results = await Promise.allSettled(paths.map(async (path) => [path, await one(path, pass)] as const));
+    await endPass(pass);
+    const failed = results.find((r) => r.status === "rejected");
+    if (failed) throw failed.reason;
+    return new Map(results.map((r) => (r as PromiseFulfilledResult<readonly [string, T]>).value));
+  }
+
   /** One path of an inspect pass (Files.inspect). */
   async function inspectOne(path: string, pass: Pass, known: KnownHashes | undefined): Promise<Inspection> {
     const op = "inspect";
@@ -612,15 +646,9 @@ export function createFiles(rootDir = "/"): Files {
         throw err;
       }
     },
-    async inspect(paths, known) {
-      const pass: Pass = new Map();
-      // Every path settles before the pass's directories are closed, the failed ones too.
-      const results = await Promise.allSettled(paths.map(async (path) => [path, await inspectOne(path, pass, known)] as const));
-      await endPass(pass);
-      const failed = results.find((r) => r.status === "rejected");
-      if (failed) throw failed.reason;
-      return new Map(results.map((r) => (r as PromiseFulfilledResult<readonly [string, Inspection]>).value));
-    },
+    inspect: (paths, known) => inPass(paths, (path, pass) => inspectOne(path, pass, known)),
+
+    writeChecks: (paths) => inPass(paths, writeCheck),
 
     async landsAt(path) {
       let w: Walk;

@@ -81,6 +81,10 @@ export class ModelDisk implements Files {
     throw new FileError("writeProblem", path, "the model disk does not validate paths; the resolver uses the real Files");
   }
 
+  async writeChecks(paths: readonly string[]): Promise<Map<string, { landsAt: string | undefined; problem: string | undefined }>> {
+    throw new FileError("writeChecks", paths[0] ?? "", "the model disk does not validate paths; the resolver uses the real Files");
+  }
+
   async landsAt(path: string): Promise<string | undefined> {
     const at = this.locate(path, false);
     return "error" in at ? undefined : at.path;

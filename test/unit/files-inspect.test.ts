@@ -117,6 +117,28 @@ describe("inspect", () => {
   });
 });
 
+describe("writeChecks", () => {
+  test("answers for each path what landsAt and writeProblem answer, in one pass", async () => {
+    const { root, files } = fresh();
+    writeFileSync(`${root}/etc/a/f`, "f");
+    mkdirSync(`${root}/etc/a/dir`);
+    symlinkSync("/etc/a/dir", `${root}/etc/a/toDir`);
+    symlinkSync("/etc/a/f", `${root}/etc/a/toFile`);
+    symlinkSync("/etc/a", `${root}/etc/viaLink`);
+    Bun.spawnSync(["mkfifo", `${root}/etc/a/fifo`]);
+    mkdirSync(`${root}/tmp`, { mode: 0o1777 });
+    chmodSync(`${root}/tmp`, 0o1777);
+    mkdirSync(`${root}/tmp/theirs`);
+    chownSync(`${root}/tmp/theirs`, 4242, 4242);
+    const paths = ["/", "/etc/a/f", "/etc/a/new", "/etc/a/dir", "/etc/a/toDir", "/etc/a/toFile", "/etc/viaLink/f", "/etc/a/fifo", "/etc/a/f/below", "/etc/missing/x", "/tmp/theirs/x"];
+    const checks = await files.writeChecks(paths);
+    for (const p of paths) expect({ p, ...checks.get(p) }).toEqual({ p, landsAt: await files.landsAt(p), problem: await files.writeProblem(p) });
+    expect(checks.get("/etc/a/dir")?.problem).toBeString();
+    expect(checks.get("/tmp/theirs/x")?.problem).toContain("unsafe path transition");
+    expect(checks.get("/etc/viaLink/f")).toEqual({ landsAt: "/etc/a/f", problem: undefined });
+  });
+});
+
 describe("known hashes, persisted", () => {
   const table = "/var/lib/trellis-test/known-hashes.json";
 
