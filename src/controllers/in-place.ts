@@ -175,8 +175,11 @@ export type InPlaceUpdaterDeps = {
   signal: AbortSignal;
 };
 
-/** What is left of an in-place update after its apply: failed, waiting for the machine to restart, or done (undefined). */
-type InPlaceOutcome = { failed: string } | { waiting: string } | undefined;
+/**
+ * What is left of an in-place update after its apply: failed, waiting for the machine to restart, cut
+ * short because the agent stops (no failure: the next start finishes it), or done (undefined).
+ */
+type InPlaceOutcome = { failed: string } | { waiting: string } | { stopped: string } | undefined;
 
 /** The node's side of in-place updates; the OSC controller reports what it says. */
 export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
@@ -208,6 +211,8 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
   /** After the apply: the rest of the update, in gardener-node-agent's order; then machine-controller-manager is told the result. */
   async function finish(checksum: string, changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
     const outcome = await perform(changes, osUpdate);
+    // A wait or command cut short by the agent's stop says nothing about the update: it stays pending.
+    if (deps.signal.aborted) return { stopped: `the agent stopped before the update was finished (${describeError(deps.signal.reason)})` };
     const name = deps.node.current()?.metadata?.name;
     if (outcome && "failed" in outcome) {
       if (name) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
