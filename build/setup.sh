@@ -2,7 +2,7 @@
 # Installs everything the demo and the tests need on a fresh Debian 12 machine, idempotently:
 # Debian packages (containerd, skopeo, docker-registry, ...), Bun at the version package.json pins,
 # the project's dependencies from bun.lock, and the cluster binaries (etcd, kube-apiserver,
-# kube-controller-manager, kubelet; built once into a cache).
+# kube-controller-manager, kubelet, and the previous minor's kubelet; built once into a cache).
 # Needs root (the tests boot systemd nodes in Linux namespaces) and Go (for the cluster binaries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +44,8 @@ bun install --frozen-lockfile >/dev/null
 
 command -v go >/dev/null || { say "Go is needed to build the test cluster binaries (etcd, kube-apiserver)"; exit 1; }
 test/cluster/build.sh >/dev/null
+# The kubelet of the minor version before, for the in-place kubelet minor version update test.
+test/cluster/build.sh --prev >/dev/null
 # The OSC Gardener renders for a worker pool (test/harness/worker-osc.ts), from the peer's Gardener module.
 test/peer/osc-render.sh --path >/dev/null
 say "ready"

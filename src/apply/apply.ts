@@ -42,6 +42,8 @@ export type ApplyOutcome = {
   failures: StepFailure[];
   /** Everything succeeded and the last-applied record was written. */
   complete: boolean;
+  /** The agent's own unit restart is queued: systemd stops this process in a moment. */
+  restartingSelf: boolean;
 };
 
 /** Applies `desired` (from the OSC with this checksum; `oscYaml` is recorded as last applied on success). */
@@ -70,7 +72,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
 
   if (progress.plan.steps.length === 0) {
     state = await finish(state, desired, checksum, oscYaml, deps, []);
-    return { checksum, plan: progress.plan, resumed, executed: [], failures: [], complete: true };
+    return { checksum, plan: progress.plan, resumed, executed: [], failures: [], complete: true, restartingSelf: false };
   }
   state = { ...state, progress };
   await deps.store.write(state); // the plan is on disk before its first step runs
@@ -80,14 +82,19 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   const complete = run.failures.length === 0;
   if (complete) state = await finish(state, desired, checksum, oscYaml, deps, run.self ? [...run.executed, run.self] : run.executed);
   else await deps.store.write(state);
+  let restartingSelf = false;
   if (run.self) {
     // After this the agent is stopped by systemd; everything is recorded already.
     deps.log.info("restarting the agent's own unit last", { unit: deps.selfUnit, reason: run.self.reason });
-    await deps.systemd.queueRestart(run.self.unit).catch((err: unknown) => {
-      run.failures.push({ step: run.self as Step, error: describeError(err) });
-    });
+    restartingSelf = await deps.systemd.queueRestart(run.self.unit).then(
+      () => true,
+      (err: unknown) => {
+        run.failures.push({ step: run.self as Step, error: describeError(err) });
+        return false;
+      },
+    );
   }
-  return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete };
+  return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete, restartingSelf };
 }
 
 function planFresh(desired: Desired, checksum: string, owned: Owned, deps: ApplyDeps): Promise<{ plan: Plan; owned: Owned }> {

@@ -1,7 +1,8 @@
 // In-place node updates on the node, coordinated with machine-controller-manager as gardener-node-agent
 // does: MCM drains the node and sets the Node condition InPlaceUpdate with reason ReadyForUpdate; the
-// agent then updates the node and labels it update-result=successful (or failed, with the reason in an
-// annotation), which MCM turns into the Machine's phase. Until then the OSC is not reported as applied.
+// agent then updates the node, deletes the Pods the drain left on it (src/kube/pods.ts) and labels it
+// update-result=successful (or failed, with the reason in an annotation, the Pods left alone), which MCM
+// turns into the Machine's phase. Until then the OSC is not reported as applied.
 import { execFile } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import type { V1Node } from "@kubernetes/client-node";
@@ -23,6 +24,7 @@ import type { TokenController } from "./token.ts";
 import type { NodeSource } from "./types.ts";
 import type { Kube } from "../kube/client.ts";
 import { patchNodeMetadata } from "../kube/node.ts";
+import { deletePodsOnNode } from "../kube/pods.ts";
 import type { Logger } from "../log.ts";
 
 /** machine-controller-manager's Node condition, reason, label and annotation (pkg/apis/machine/v1alpha1). */
@@ -173,8 +175,11 @@ export type InPlaceUpdaterDeps = {
   signal: AbortSignal;
 };
 
-/** What is left of an in-place update after its apply: failed, waiting for the machine to restart, or done (undefined). */
-type InPlaceOutcome = { failed: string } | { waiting: string } | undefined;
+/**
+ * What is left of an in-place update after its apply: failed, waiting for the machine to restart, cut
+ * short because the agent stops (no failure: the next start finishes it), or done (undefined).
+ */
+type InPlaceOutcome = { failed: string } | { waiting: string } | { stopped: string } | undefined;
 
 /** The node's side of in-place updates; the OSC controller reports what it says. */
 export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
@@ -206,13 +211,23 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
   /** After the apply: the rest of the update, in gardener-node-agent's order; then machine-controller-manager is told the result. */
   async function finish(checksum: string, changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
     const outcome = await perform(changes, osUpdate);
+    // A wait or command cut short by the agent's stop says nothing about the update: it stays pending.
+    if (deps.signal.aborted) return { stopped: `the agent stopped before the update was finished (${describeError(deps.signal.reason)})` };
     const name = deps.node.current()?.metadata?.name;
     if (outcome && "failed" in outcome) {
       if (name) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
       return outcome;
     }
     if (outcome) return outcome;
-    if (name && awaitsResult(deps.node.current())) await patchNodeMetadata(deps.kube, name, updateSucceeded);
+    if (name && awaitsResult(deps.node.current())) {
+      // As gardener-node-agent: what the drain left on the node goes before the node is reported updated. A
+      // failure here is a reconcile error, retried (the update itself is done: no update-result=failed).
+      const deleted = await deletePodsOnNode(deps.kube, name).catch((err: unknown) => {
+        throw new Error(`the in-place update is done, but the Pods left on Node ${name} could not all be deleted: ${describeError(err)}`);
+      });
+      deps.log.info("deleted the Pods left on the node after its in-place update", { node: name, pods: deleted.map((p) => `${p.namespace}/${p.name}`) });
+      await patchNodeMetadata(deps.kube, name, updateSucceeded);
+    }
     await store.write({});
     deps.log.info("updated the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
     return undefined;

@@ -408,6 +408,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
     if (hasInPlaceChanges(inPlaceWork.value)) {
+      // As gardener-node-agent: with the agent's own restart under way (its configuration changed with a
+      // kubelet minor version, say), the rest of the in-place update is left to its next start.
+      if (outcome.restartingSelf) return inPlaceInterrupted(checksum, "the agent restarts itself after this apply");
       const wait = await finishInPlace(checksum, inPlaceWork.value, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
       if (wait) return wait;
     }
@@ -523,10 +526,22 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return periodic();
   }
 
+  /**
+   * An in-place update this process leaves unfinished because the agent stops: no failure (nothing is told
+   * to machine-controller-manager); it is recorded as pending, and the next start finishes it.
+   */
+  function inPlaceInterrupted(checksum: string, why: string): Wait {
+    status.lastResult = "held";
+    status.lastError = `the in-place update is finished when the agent starts again: ${why}`;
+    log.info("the in-place update is left to the agent's next start", { checksum, why });
+    return periodic();
+  }
+
   /** After the apply of an in-place update: the rest of it; a failure is reported and retried, the OSC not reported as applied. */
   async function finishInPlace(checksum: string, work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<Wait | undefined> {
     const outcome = await inPlace.finish(checksum, work, osUpdate);
     if (outcome && "waiting" in outcome) return holdInPlace(checksum, "InPlaceUpdateRestartPending", outcome.waiting);
+    if (outcome && "stopped" in outcome) return inPlaceInterrupted(checksum, outcome.stopped);
     if (!outcome) return undefined;
     status.lastResult = "failed";
     status.lastError = outcome.failed;

@@ -4,10 +4,11 @@
 // node running the real kubelet and containerd. machine-controller-manager's part — draining the node
 // and setting the Node condition InPlaceUpdate=ReadyForUpdate — is played by the test, through the API.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { CertificatesV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import { CertificatesV1Api, type V1Node } from "@kubernetes/client-node";
 import { nodeEvents, putOscSecret, readNode, waitApplied } from "../harness/agent.ts";
 import { decideCsr, waitForCsr } from "../harness/bootstrap.ts";
 import { waitFor } from "../harness/exec.ts";
+import { clearUpdateMarks, markReadyForUpdate, oscCondition } from "../harness/machine-update.ts";
 import { bringUpWorker, readyAgain, readyHeartbeat, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
 import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
 
@@ -26,30 +27,11 @@ afterAll(async () => {
   await world?.stop();
 }, 60_000);
 
-const core = () => world.cluster.admin().makeApiClient(CoreV1Api);
 const appliedChecksum = async () => (await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"];
-const oscCondition = async () => (await readNode(w.bare)).status?.conditions?.find((c) => c.type === "OperatingSystemConfigApplied");
 
 /** Renders the pool's OSC with `changes` into its Secret; returns the checksum. */
 async function putOsc(changes: Partial<WorkerOscInput>): Promise<string> {
   return putOscSecret(world.cluster, w.secretName, (await workerOsc({ ...w.input, ...changes })).osc);
-}
-
-/** What machine-controller-manager does once it drained the node for its in-place update. */
-async function markReadyForUpdate(): Promise<void> {
-  const condition = { type: "InPlaceUpdate", status: "True", reason: "ReadyForUpdate", message: "Node drain successful. Node is ready for update", lastTransitionTime: new Date() };
-  await core().patchNodeStatus({ name: w.bare.name, body: { status: { conditions: [condition] } } }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
-}
-
-/** machine-controller-manager's bookkeeping removed, as after an update it has recorded. */
-async function clearUpdateMarks(): Promise<void> {
-  const node = await readNode(w.bare);
-  const conditions = (node.status?.conditions ?? []).filter((c) => c.type !== "InPlaceUpdate");
-  await core().patchNodeStatus({ name: w.bare.name, body: [{ op: "replace", path: "/status/conditions", value: conditions }] }, setHeaderOptions("Content-Type", PatchStrategy.JsonPatch));
-  await core().patchNode(
-    { name: w.bare.name, body: { metadata: { labels: { "node.machine.sapcloud.io/update-result": null }, annotations: { "node.machine.sapcloud.io/update-failed-reason": null } } } },
-    setHeaderOptions("Content-Type", PatchStrategy.MergePatch),
-  );
 }
 
 async function warning(reason: string, containing: string): Promise<string> {
@@ -67,15 +49,15 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     const before = await unitPids(w);
     const config = "/var/lib/kubelet/config/kubelet";
     const checksum = await putOsc({ kubeletConfig });
-    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
-    expect((await oscCondition())?.message).toContain("kubeReserved/evictionHard");
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition(w.bare))?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
+    expect((await oscCondition(w.bare))?.message).toContain("kubeReserved/evictionHard");
     expect(await appliedChecksum()).toBe(w.checksum);
     expect(await w.bare.node.readFile(config)).not.toContain("cpu: 90m");
     expect((await unitPids(w)).kubelet).toBe(before.kubelet);
 
     const heartbeat = await readyHeartbeat(w);
     const since = Date.now();
-    await markReadyForUpdate();
+    await markReadyForUpdate(world.cluster, w.bare.name);
     const node = await waitApplied(w.bare, checksum, 120_000, 250);
     expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
     expect(await w.bare.node.readFile(config)).toContain("cpu: 90m");
@@ -83,20 +65,20 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(after.kubelet).not.toBe(before.kubelet);
     expect(after.containerd).toBe(before.containerd);
     await readyAgain(w, heartbeat, since);
-    expect(await oscCondition()).toMatchObject({ status: "True", reason: "Applied" });
-    await clearUpdateMarks();
+    expect(await oscCondition(w.bare)).toMatchObject({ status: "True", reason: "Applied" });
+    await clearUpdateMarks(world.cluster, w.bare.name);
   }, 240_000);
 
   test("a service-account key rotation in place: held until the node is drained, then the token files read afresh, update-result=successful, nothing restarted", async () => {
     const before = await unitPids(w);
     const checksum = await putOsc({ kubeletConfig, credentialsRotation: { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" } } });
-    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("a service-account key rotation") ? true : undefined), 60_000, 250);
-    expect(await oscCondition()).toMatchObject({ status: "False", reason: "InPlaceUpdatePending" });
-    await markReadyForUpdate();
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition(w.bare))?.message?.includes("a service-account key rotation") ? true : undefined), 60_000, 250);
+    expect(await oscCondition(w.bare)).toMatchObject({ status: "False", reason: "InPlaceUpdatePending" });
+    await markReadyForUpdate(world.cluster, w.bare.name);
     const node = await waitApplied(w.bare, checksum, 60_000, 250);
     expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
     expect(await unitPids(w)).toEqual(before);
-    await clearUpdateMarks();
+    await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);
 
   test("a CA rotation in place: the agent's and kubelet's client certificates requested anew, kubelet healthy and the node Ready, update-result=successful", async () => {
@@ -107,10 +89,10 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
       kubeletConfig,
       credentialsRotation: { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" }, certificateAuthorities: { lastInitiationTime: "2026-11-25T13:00:00Z" } },
     });
-    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("a certificate authority rotation") ? true : undefined), 60_000, 250);
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition(w.bare))?.message?.includes("a certificate authority rotation") ? true : undefined), 60_000, 250);
     const heartbeat = await readyHeartbeat(w);
     const since = Date.now();
-    await markReadyForUpdate();
+    await markReadyForUpdate(world.cluster, w.bare.name);
     // The agent's renewal, authenticated with its current certificate, approved as Gardener's approver does it.
     const csr = await waitForCsr(world.cluster, "the agent's CSR", (c) => (c.spec.username ?? "").startsWith("gardener.cloud:node-agent:machine:") && !c.status?.conditions?.length, 60_000);
     await decideCsr(world.cluster, csr.metadata?.name as string, "Approved", "E2E", "approved by the test");
@@ -128,38 +110,38 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     // kubelet's new certificate was asked for as itself, and approved as a renewal (selfnodeclient).
     const csrs = await world.cluster.admin().makeApiClient(CertificatesV1Api).listCertificateSigningRequest();
     expect(csrs.items.some((c) => c.spec.username === `system:node:${w.bare.name}` && new Date(c.metadata?.creationTimestamp ?? 0).getTime() >= since - 1000)).toBe(true);
-    await clearUpdateMarks();
+    await clearUpdateMarks(world.cluster, w.bare.name);
   }, 240_000);
 
   test("an OS update without the OS extension's command fails: update-result=failed naming the field, a Warning, the checksum not stamped", async () => {
     const applied = await appliedChecksum();
     const checksum = await putOsc({ kubeletConfig, imageVersion: "13" });
-    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.message?.includes("an OS update from 12 to 13") ? true : undefined), 60_000, 250);
-    await markReadyForUpdate();
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition(w.bare))?.message?.includes("an OS update from 12 to 13") ? true : undefined), 60_000, 250);
+    await markReadyForUpdate(world.cluster, w.bare.name);
     const node = await waitFor("the update-result=failed label", async (): Promise<V1Node | undefined> => {
       const n = await readNode(w.bare);
       return n.metadata?.labels?.["node.machine.sapcloud.io/update-result"] === "failed" ? n : undefined;
     }, 60_000, 250);
     expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toContain("status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command");
     await warning("InPlaceUpdateFailed", "status.inPlaceUpdates.osUpdate.command");
-    await waitFor("the condition InPlaceUpdateFailed", async () => ((await oscCondition())?.reason === "InPlaceUpdateFailed" ? true : undefined), 30_000, 250);
+    await waitFor("the condition InPlaceUpdateFailed", async () => ((await oscCondition(w.bare))?.reason === "InPlaceUpdateFailed" ? true : undefined), 30_000, 250);
     expect(await appliedChecksum()).toBe(applied);
     expect(applied).not.toBe(checksum);
-    await clearUpdateMarks();
+    await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);
 
   test("an OS update with the OS extension's command: run once the node is drained, os-release names 13, update-result=successful, the checksum stamped", async () => {
     const osUpdate = { command: "/bin/sh", args: ["-c", "sed -i 's/Linux 12 (bookworm)/Linux 13 (trixie)/' /etc/os-release"] };
     const checksum = await putOsc({ kubeletConfig, imageVersion: "13", osUpdate });
-    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition())?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
+    await waitFor("the condition InPlaceUpdatePending", async () => ((await oscCondition(w.bare))?.reason === "InPlaceUpdatePending" ? true : undefined), 60_000, 250);
     expect(await w.bare.node.readFile("/etc/os-release")).toContain("Linux 12 (bookworm)");
-    await markReadyForUpdate();
+    await markReadyForUpdate(world.cluster, w.bare.name);
     const node = await waitApplied(w.bare, checksum, 120_000, 250);
     expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
     expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toBeUndefined();
     expect(node.metadata?.annotations?.["node-agent.gardener.cloud/updating-operating-system-version"]).toBeUndefined();
     expect(await w.bare.node.readFile("/etc/os-release")).toContain("Linux 13 (trixie)");
-    expect(await oscCondition()).toMatchObject({ status: "True", reason: "Applied" });
-    await clearUpdateMarks();
+    expect(await oscCondition(w.bare)).toMatchObject({ status: "True", reason: "Applied" });
+    await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);
 });

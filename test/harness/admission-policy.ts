@@ -40,6 +40,11 @@ export async function installAdmissionPolicy(cluster: Cluster): Promise<void> {
     return outcome.includes(`ValidatingAdmissionPolicy '${policy}'`) ? true : undefined;
   };
   const dryRun = "All";
+  // A Pod is admitted only where its namespace's default ServiceAccount exists (kube-controller-manager
+  // creates it; a cluster without one gets it here), or the probe would be refused before the policy.
+  await cluster.admin().makeApiClient(CoreV1Api).createNamespacedServiceAccount({ namespace: "default", body: { metadata: { name: "default" } } }).catch((err: { code?: number }) => {
+    if (err.code !== 409) throw err;
+  });
   await Promise.all([
     waitFor("the Node policy in force", refusedBy("trellis-node-agent-nodes", () => core.createNode({ body: { metadata: { name: "policy-probe" } }, dryRun })), 30_000),
     waitFor(
@@ -51,6 +56,13 @@ export async function installAdmissionPolicy(cluster: Cluster): Promise<void> {
       "the Event policy in force",
       refusedBy("trellis-node-agent-events", () =>
         core.createNamespacedEvent({ namespace: "default", body: { metadata: { name: "policy-probe" }, involvedObject: { kind: "Node", name: "another-node" } }, dryRun }),
+      ),
+      30_000,
+    ),
+    waitFor(
+      "the Pod policy in force",
+      refusedBy("trellis-node-agent-pods", () =>
+        core.createNamespacedPod({ namespace: "default", body: { metadata: { name: "policy-probe" }, spec: { containers: [{ name: "probe", image: "probe" }] } }, dryRun }),
       ),
       30_000,
     ),

@@ -30,6 +30,7 @@ export function agentRules(secrets: string[]) {
       rules: [
         { apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch", "patch"] },
         { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] },
+        { apiGroups: [""], resources: ["pods"], verbs: ["list", "delete"] },
       ],
     },
   ];

@@ -51,6 +51,7 @@ const serviceAccountIssuer = "https://kubernetes.default.svc.cluster.local";
 const stopGraceMs = 10_000;
 
 let binDir: Promise<string> | undefined;
+let prevBinDir: Promise<string> | undefined;
 let clusters = 0;
 
 export type ClusterOptions = {
@@ -154,9 +155,18 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
 
 /** The cached binaries; build.sh returns at once when they exist (a cold build takes many minutes). */
 export function binaries(): Promise<string> {
-  binDir ??= runOk(["bash", buildScript], { timeoutMs: 60 * 60_000 }).then((out) => out.trim().split("\n").at(-1) ?? "");
+  binDir ??= build([]);
   return binDir;
 }
+
+/** The directory of the older kubelet (test/cluster/k8s-prev), built and cached like binaries() (build.sh --prev). */
+export function prevKubeletBinaries(): Promise<string> {
+  prevBinDir ??= build(["--prev"]);
+  return prevBinDir;
+}
+
+/** Runs build.sh with `args`; it prints the cache directory last. */
+const build = (args: string[]): Promise<string> => runOk(["bash", buildScript, ...args], { timeoutMs: 60 * 60_000 }).then((out) => out.trim().split("\n").at(-1) ?? "");
 
 /** A free port per listener, all distinct: the kernel may hand out a port it just freed again. */
 async function allocatePorts(): Promise<{ etcdPort: number; peerPort: number; apiPort: number; kcmPort: number }> {

@@ -21,6 +21,8 @@ export type WorkerOscInput = {
   agentImage: string;
   /** The worker pool's name (Gardener's default: worker); it goes into the Secret's name. */
   pool?: string;
+  /** The pool's Kubernetes version, without "v" (osc-render's default: the cluster's); images.hyperkube must hold that kubelet. */
+  kubernetesVersion?: string;
   maxPods?: number;
   /** KubeletConfiguration fields set in the rendered file, as a provider's webhook would (after failCgroupV1: false). */
   kubeletConfig?: Record<string, unknown>;
@@ -57,6 +59,7 @@ export async function workerOsc(i: WorkerOscInput): Promise<WorkerOsc> {
       kubeletCABundle: i.kubeletCaPem,
       images: { hyperkube: i.images.hyperkube, "gardener-node-agent": i.agentImage, "pause-container": i.images.pause },
       ...(i.pool ? { pool: i.pool } : {}),
+      ...(i.kubernetesVersion ? { kubernetesVersion: i.kubernetesVersion } : {}),
       clusterDNS: ["10.0.0.10"],
       ...(i.maxPods ? { maxPods: i.maxPods } : {}),
       kubeletConfigPatch: { failCgroupV1: false, ...i.kubeletConfig },

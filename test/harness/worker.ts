@@ -74,8 +74,8 @@ export type WorkerOptions = {
   /** The worker pool (Gardener's default: worker); each pool has its own OSC Secret. */
   pool?: string;
   machineContainerd?: BareNodeOptions["machineContainerd"];
-  /** Settings of the pool's OSC from the start (e.g. an in-place update strategy). */
-  osc?: Pick<WorkerOscInput, "updateStrategy">;
+  /** Settings of the pool's OSC from the start (e.g. an in-place update strategy, an older kubelet). */
+  osc?: Partial<Pick<WorkerOscInput, "updateStrategy" | "kubernetesVersion" | "images">>;
 };
 
 /** A bare machine brought up to a Ready Node with the OSC Gardener renders, applied by the agent. */

@@ -4,13 +4,14 @@
 // slots.ts, and the heartbeat Lease as controllers/lease.ts writes it) passes; everything A could do to
 // B's objects with that RBAC alone, or to parts of its own Node it does not own, is refused by the
 // policy, naming what was refused. Reading a Secret A is not granted is refused by RBAC (reads never
-// reach admission).
+// reach admission). After an in-place update A deletes the Pods bound to its Node, and only those.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { ApiException, CoordinationV1Api, CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions, type V1Lease } from "@kubernetes/client-node";
 import { apiClient, type Kube, kubeFromConnection } from "../../src/kube/client.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
+import { deletePodsOnNode } from "../../src/kube/pods.ts";
 import { patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
 import { createSerialGate } from "../../src/kube/serial-gate.ts";
 import { microTime } from "../../src/kube/micro-time.ts";
@@ -69,6 +70,10 @@ function statusMessage(body: unknown): string {
     return String(body);
   }
 }
+/** A Pod in namespace default, bound to `nodeName` (or to none); no kubelet runs it. */
+async function createPod(name: string, nodeName: string | undefined): Promise<void> {
+  await admin.createNamespacedPod({ namespace: "default", body: { metadata: { name }, spec: { ...(nodeName ? { nodeName } : {}), containers: [{ name: "c", image: "example.invalid/none" }] } } });
+}
 const byPolicy = (policy: string) => `ValidatingAdmissionPolicy 'trellis-node-agent-${policy}'`;
 
 /** The heartbeat Lease as controllers/lease.ts writes it. */
@@ -126,6 +131,26 @@ describe("an agent writes what trellis writes to its own objects", () => {
     await slots.renew(`${pool.a}-slot-0`, "c1");
     await slots.markFailed(`${pool.a}-slot-0`, "c1", "health gate failed");
     await slots.release(`${pool.a}-slot-0`);
+  });
+
+  test("the in-place update's result on its Node: failed with a reason, then successful", async () => {
+    await patchNodeMetadata(a.kube, a.name, {
+      labels: { "node.machine.sapcloud.io/update-result": "failed" },
+      annotations: { "node.machine.sapcloud.io/update-failed-reason": "kubelet is not healthy", "node-agent.gardener.cloud/updating-operating-system-version": "13" },
+    });
+    const node = await patchNodeMetadata(a.kube, a.name, {
+      labels: { "node.machine.sapcloud.io/update-result": "successful" },
+      annotations: { "node.machine.sapcloud.io/update-failed-reason": null, "node-agent.gardener.cloud/updating-operating-system-version": null },
+    });
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+  });
+
+  test("the Pods bound to its Node: listed by spec.nodeName and deleted (src/kube/pods.ts); B's and unbound ones left", async () => {
+    for (const [name, nodeName] of [["on-a", a.name], ["on-b", b.name], ["unbound", undefined]] as const) await createPod(name, nodeName);
+    expect(await deletePodsOnNode(a.kube, a.name)).toEqual([{ namespace: "default", name: "on-a" }]);
+    // No kubelet confirms the deletion here: the Pod stays, being deleted.
+    expect((await admin.readNamespacedPod({ name: "on-a", namespace: "default" })).metadata?.deletionTimestamp).toBeDefined();
+    for (const name of ["on-b", "unbound"]) expect((await admin.readNamespacedPod({ name, namespace: "default" })).metadata?.deletionTimestamp).toBeUndefined();
   });
 
   test("events about its Node, and repeats of them", async () => {
@@ -205,6 +230,20 @@ describe("agent A cannot touch B's objects", () => {
     const event = (await admin.listNamespacedEvent({ namespace: "default", fieldSelector: `involvedObject.name=${b.name}` })).items[0];
     const bumped = await refusal(a.core.patchNamespacedEvent({ name: event?.metadata?.name as string, namespace: "default", body: { count: 7 } }, merge));
     expect(bumped.message).toContain(`not about Node node-b`);
+  });
+
+  test("B's Pod, and a Pod bound to no Node: deleting either", async () => {
+    for (const [name, boundTo] of [["on-b", "node-b"], ["unbound", "no Node"]]) {
+      const r = await refusal(a.core.deleteNamespacedPod({ name: name as string, namespace: "default" }));
+      expect(r.code).toBe(403);
+      expect(r.message).toContain(byPolicy("pods"));
+      expect(r.message).toContain(`may delete only Pods bound to its own Node node-a, not Pod default/${name} (bound to ${boundTo})`);
+    }
+  });
+
+  test("what the policy cannot refuse: listing every node's Pods (a read; RBAC cannot narrow a list to a field selector)", async () => {
+    const all = await a.core.listPodForAllNamespaces();
+    expect(all.items.map((p) => p.metadata?.name).sort()).toEqual(["on-a", "on-b", "unbound"]);
   });
 
   test("a Secret it is not granted (RBAC: reads never reach admission)", async () => {
