@@ -11,6 +11,7 @@
 // aliases expand to; only then is it turned into plain values, with the package's own alias check off.
 import { Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser } from "yaml";
 import type { Result } from "./result.ts";
+import { parseYamlSubset } from "./yaml-subset.ts";
 
 export type YamlLimits = {
   /** UTF-8 bytes of the document. */
@@ -61,6 +62,13 @@ export function parseYaml(text: string, source: string, limits: YamlLimits = osc
   if (text.length > limits.maxBytes) return fail(`is more than ${limits.maxBytes} bytes`);
   const control = unprintable.exec(text);
   if (control) return fail(`not valid YAML: the control character U+${(control[0].codePointAt(0) as number).toString(16).toUpperCase().padStart(4, "0")} is not allowed${lineAndColumn(text, control.index)}`);
+  const simple = parseYamlSubset(text, limits);
+  return simple ? { ok: true, value: simple.value } : parseYamlFully(text, source, limits);
+}
+
+/** parseYaml without the subset's fast path (test/unit/yaml-subset.test.ts compares the two). */
+export function parseYamlFully(text: string, source: string, limits: YamlLimits = oscYamlLimits): Result<unknown> {
+  const fail = (msg: string): Result<unknown> => ({ ok: false, errors: [`${source}: ${msg}`] });
   const lines = new LineCounter();
   const docs: Document.Parsed[] = [];
   try {

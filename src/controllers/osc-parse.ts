@@ -3,6 +3,7 @@
 // content rarely changes, so a periodic re-check reuses the last parse of the same bytes (by Gardener's
 // checksum of them). The parsed OSC is kept in the state directory too, so a restarted agent's first
 // reconcile reads JSON (and validates it again) instead of parsing YAML, when the Secret is unchanged.
+// It is kept once its OSC was applied, so an OSC that fails changes nothing on the node.
 // Only an OSC that JSON holds exactly is kept (YAML can carry timestamps, which JSON would turn into text).
 import * as v from "valibot";
 import { parseOscBytes } from "../api/desired.ts";
@@ -16,28 +17,36 @@ const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), os
 /** A kept parse larger than this is not read (the OSC itself is at most 2 MiB of YAML). */
 const maxFileBytes = 16 << 20;
 
-export type OscParser = (bytes: Uint8Array, checksum: string, source: string) => Promise<Result<OperatingSystemConfig>>;
+export type OscParser = {
+  /** osc.yaml's bytes parsed (or the last parse of the same checksum, or the kept one). */
+  parse(bytes: Uint8Array, checksum: string, source: string): Promise<Result<OperatingSystemConfig>>;
+  /**
+   * Keeps the parse of `checksum` for the next start, once that OSC was applied: an OSC that fails later
+   * (resolving, applying) changes nothing in the state directory, the last good one stays kept.
+   */
+  keep(checksum: string): Promise<void>;
+};
 
 export function createOscParser(o: { files: Files; path: string; log: Logger }): OscParser {
   let last: { checksum: string; result: Result<OperatingSystemConfig> } | undefined;
   let kept: Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> | undefined;
+  const readOnce = () => (kept ??= readKept(o.files, o.path, o.log));
 
-  return async (bytes, checksum, source) => {
-    if (last?.checksum === checksum) return last.result;
-    kept ??= readKept(o.files, o.path, o.log);
-    const k = await kept;
-    let result: Result<OperatingSystemConfig>;
-    if (k?.checksum === checksum) result = { ok: true, value: k.osc };
-    else {
-      result = parseOscBytes(bytes, source);
-      if (result.ok && jsonExact(result.value)) {
-        const doc = { version: 1, checksum, osc: result.value };
-        await o.files.writeAtomic(o.path, JSON.stringify(doc), 0o600).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
-        kept = Promise.resolve({ checksum, osc: result.value });
-      }
-    }
-    last = { checksum, result };
-    return result;
+  return {
+    async parse(bytes, checksum, source) {
+      if (last?.checksum === checksum) return last.result;
+      const k = await readOnce();
+      const result: Result<OperatingSystemConfig> = k?.checksum === checksum ? { ok: true, value: k.osc } : parseOscBytes(bytes, source);
+      last = { checksum, result };
+      return result;
+    },
+    async keep(checksum) {
+      if ((await readOnce())?.checksum === checksum) return;
+      if (last?.checksum !== checksum || !last.result.ok || !jsonExact(last.result.value)) return;
+      const osc = last.result.value;
+      kept = Promise.resolve({ checksum, osc });
+      await o.files.writeAtomic(o.path, JSON.stringify({ version: 1, checksum, osc }), 0o600).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
+    },
   };
 }
 

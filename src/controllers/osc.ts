@@ -262,7 +262,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
   // A node that applied before kubelet registered it reports once the Node exists.
   void deps.node.found.then(() => trigger("node found"));
 
-  const parseOsc = createOscParser({ files: deps.files, path: paths.parsedOsc, log });
+  const oscParser = createOscParser({ files: deps.files, path: paths.parsedOsc, log });
 
   async function reconcile(why: string): Promise<Wait> {
     status.reconciles++;
@@ -280,7 +280,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
     // a checksum of its own (`checksum`), for everything else.
     const base = oscChecksum(bytes);
-    const parsed = await parseOsc(bytes, base, source);
+    const parsed = await oscParser.parse(bytes, base, source);
     const layered = parsed.ok ? layersFor(parsed.value, source) : parsed;
     if (!layered.ok) {
       note(base);
@@ -421,6 +421,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.lastError = undefined;
     for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
     appliedChecksum = checksum;
+    await oscParser.keep(base);
     await pruneImages(desired);
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
     // The Node as it is now: it may have registered (or its watch synced) while the apply ran.

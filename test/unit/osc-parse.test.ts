@@ -18,10 +18,30 @@ function fresh() {
   const root = mkdtempSync(`${base}/root-`);
   const lines: string[] = [];
   const log = createLogger({ level: "warn", write: (l: string) => lines.push(l) });
-  return { root, lines, parser: () => createOscParser({ files: createFiles(root), path: kept, log }) };
+  const parser = () => {
+    const p = createOscParser({ files: createFiles(root), path: kept, log });
+    // As the OSC controller does: parsed, then kept once applied.
+    return async (bytes: Uint8Array, checksum: string, source: string) => {
+      const r = await p.parse(bytes, checksum, source);
+      await p.keep(checksum);
+      return r;
+    };
+  };
+  return { root, lines, parser };
 }
 
 describe("parsing osc.yaml", () => {
+  test("nothing is kept until it was applied", async () => {
+    const { root } = fresh();
+    const p = createOscParser({ files: createFiles(root), path: kept, log: createLogger({ level: "error" }) });
+    expect((await p.parse(osc, oscChecksum(osc), "s")).ok).toBe(true);
+    expect(Bun.file(`${root}${kept}`).size).toBe(0);
+    await p.keep("another checksum");
+    expect(Bun.file(`${root}${kept}`).size).toBe(0);
+    await p.keep(oscChecksum(osc));
+    expect(Bun.file(`${root}${kept}`).size).toBeGreaterThan(0);
+  });
+
   test("the same bytes twice: one parse, the same result", async () => {
     const { parser } = fresh();
     const parse = parser();

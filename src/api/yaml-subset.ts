@@ -1,0 +1,166 @@
+// A fast path for the YAML that programs write: block mappings and sequences, one scalar per line,
+// double-quoted scalars in JSON's escapes (JSON.stringify's output, as the OSC benchmarks and many
+// generators write) and plain scalars of a safe alphabet. The `yaml` package parses 1 MiB of that in
+// 140–400 ms of CPU, most of it in its general scalar and token machinery; read line by line it takes a
+// few ms. Anything outside the subset (block scalars, flow collections other than [] and {}, anchors,
+// aliases, tags, single quotes, comments after a value, tabs, CR, duplicate keys, a key that is not a
+// plain name, escapes JSON and YAML might read differently) makes it decline, and the document goes
+// through parseYaml's bounded parse as before: the subset gives exactly that parse's value or nothing
+// (test/unit/yaml-subset.test.ts holds it to this on the fixtures, the fuzz corpus and generated documents).
+import { parse } from "yaml";
+
+type Line = { indent: number; text: string };
+
+class Decline extends Error {}
+
+/** A plain key: YAML reads it as this very string (unless it is one of YAML 1.1's short words, checked apart). */
+const keyPattern = /^([A-Za-z_][A-Za-z0-9_./-]*):(?: +(.*))?$/;
+/** A plain scalar that is a string whatever the schema, once longer than YAML 1.1's longest word ("false"). */
+const plainString = /^[A-Za-z/][A-Za-z0-9_./-]*$/;
+/** Other plain scalars the subset takes: typed by the `yaml` package itself (numbers, octal modes, booleans). */
+const plainOther = /^[A-Za-z0-9_./+~-][A-Za-z0-9_./+=~-]*$/;
+/** YAML 1.1's words that are not strings (y, no, null, false …) are at most this long. */
+const longestWord = 5;
+
+/**
+ * What the `yaml` package makes of a plain scalar as a mapping's value (its type depends only on its
+ * text; alone, "..." would end the document), remembered.
+ */
+const resolved = new Map<string, unknown>();
+function resolvePlain(text: string): unknown {
+  if (resolved.has(text)) return resolved.get(text);
+  let doc: unknown;
+  try {
+    doc = parse(`v: ${text}\n`, { version: "1.1" });
+  } catch {
+    throw new Decline();
+  }
+  if (doc === null || typeof doc !== "object" || Object.keys(doc).join() !== "v") throw new Decline();
+  const value = (doc as { v: unknown }).v;
+  // A timestamp becomes a Date, a scalar with odd syntax may become anything: not the subset's to decide.
+  if (value !== null && typeof value === "object") throw new Decline();
+  if (resolved.size < 10_000) resolved.set(text, value);
+  return value;
+}
+
+function scalar(raw: string): unknown {
+  const text = raw.trimEnd();
+  if (text === "[]") return [];
+  if (text === "{}") return {};
+  if (text.startsWith('"')) {
+    // JSON's escapes read the same in YAML, except \/ (YAML 1.2 only) and \u, whose surrogates the two may
+    // treat differently: those decline. JSON.parse takes one string token only, so `"a" "b"` declines too.
+    if (text.length < 2 || !text.endsWith('"') || text.includes("\\/") || text.includes("\\u")) throw new Decline();
+    try {
+      return JSON.parse(text) as string;
+    } catch {
+      throw new Decline();
+    }
+  }
+  if (plainString.test(text) && text.length > longestWord) return text;
+  if (plainOther.test(text) && !text.startsWith("-")) return resolvePlain(text);
+  throw new Decline();
+}
+
+/** The lines that carry content: indentation and text; blank and comment lines dropped. */
+function contentLines(text: string, maxLines: number): Line[] {
+  const lines: Line[] = [];
+  const physical = text.split("\n");
+  if (physical.length > maxLines) throw new Decline();
+  for (const line of physical) {
+    let indent = 0;
+    while (line.charCodeAt(indent) === 32) indent++;
+    const rest = line.slice(indent);
+    if (rest === "" || rest.startsWith("#")) continue;
+    // Directives and document markers: not the subset's.
+    if (indent === 0 && (rest.startsWith("%") || rest.startsWith("---") || rest.startsWith("..."))) throw new Decline();
+    lines.push({ indent, text: rest });
+  }
+  return lines;
+}
+
+const isItem = (text: string) => text === "-" || text.startsWith("- ");
+
+/**
+ * At most this many of the full parse's lexical tokens per line of the subset (indentation, "-", a space,
+ * the key, ":", a space, the scalar, trailing spaces, the line break; the test counts them).
+ */
+export const maxTokensPerLine = 10;
+
+/**
+ * The value of `text` in the subset, or undefined when it is not in the subset (or is empty). A document
+ * the full parse could refuse for its depth or its number of tokens is declined, so that parse decides.
+ */
+export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTokens: number }): { value: unknown } | undefined {
+  const { maxDepth } = limits;
+  // Tabs and CR, and the characters YAML 1.1 reads as line breaks inside a quoted scalar (NEL, LS, PS).
+  if (/[\t\r\u0085\u2028\u2029]/.test(text)) return undefined;
+  try {
+    const lines = contentLines(text, Math.floor(limits.maxTokens / maxTokensPerLine) - 1);
+    let i = 0;
+
+    const block = (indent: number, depth: number): unknown => {
+      // The full parse counts the scalars inside as one level deeper.
+      if (depth >= maxDepth) throw new Decline();
+      return isItem((lines[i] as Line).text) ? sequence(indent, depth) : mapping(indent, depth);
+    };
+
+    // After "key:" or "-" with nothing on the line: a nested block, a sequence at the key's own
+    // indentation (the style Go's and many emitters write), or null.
+    const nested = (indent: number, depth: number, compact: boolean): unknown => {
+      const next = lines[i];
+      if (next && next.indent > indent) return block(next.indent, depth + 1);
+      if (compact && next && next.indent === indent && isItem(next.text)) return sequence(indent, depth + 1);
+      return null;
+    };
+
+    const mapping = (indent: number, depth: number): Record<string, unknown> => {
+      const map: Record<string, unknown> = {};
+      const keys = new Set<string>();
+      for (let line = lines[i]; line && line.indent >= indent; line = lines[i]) {
+        if (line.indent > indent) throw new Decline();
+        if (isItem(line.text)) break; // the compact sequence of a key is read by nested(); anything else ends here
+        const m = keyPattern.exec(line.text);
+        if (!m) throw new Decline();
+        const key = m[1] as string;
+        if (key === "__proto__" || keys.has(key) || (key.length <= longestWord && resolvePlain(key) !== key)) throw new Decline();
+        keys.add(key);
+        i++;
+        map[key] = m[2] === undefined || m[2].trimEnd() === "" ? nested(indent, depth, true) : scalar(m[2]);
+      }
+      return map;
+    };
+
+    const sequence = (indent: number, depth: number): unknown[] => {
+      const seq: unknown[] = [];
+      for (let line = lines[i]; line && line.indent >= indent && isItem(line.text); line = lines[i]) {
+        if (line.indent > indent) throw new Decline();
+        const after = line.text.slice(1);
+        const rest = after.trimStart();
+        if (rest === "") {
+          i++;
+          seq.push(nested(indent, depth, false));
+        } else if (isItem(rest)) throw new Decline();
+        else if (keyPattern.test(rest)) {
+          // "- key: value": a mapping whose keys stand where this one does.
+          const column = indent + 1 + (after.length - rest.length);
+          lines[i] = { indent: column, text: rest };
+          seq.push(mapping(column, depth + 1));
+        } else {
+          i++;
+          seq.push(scalar(rest));
+        }
+      }
+      if (lines[i] && (lines[i] as Line).indent > indent) throw new Decline();
+      return seq;
+    };
+
+    const first = lines[0];
+    if (!first || first.indent !== 0) return undefined;
+    const value = block(0, 1);
+    return i === lines.length ? { value } : undefined;
+  } catch (err) {
+    if (err instanceof Decline) return undefined;
+    throw err;
+  }
+}
