@@ -1,15 +1,18 @@
 // A fast path for the YAML that programs write: block mappings and sequences, one scalar per line,
 // double-quoted scalars in JSON's escapes (JSON.stringify's output, as the OSC benchmarks and many
-// generators write) and plain scalars of a safe alphabet. The `yaml` package parses 1 MiB of that in
-// 140–400 ms of CPU, most of it in its general scalar and token machinery; read line by line it takes a
-// few ms. Anything outside the subset (block scalars, flow collections other than [] and {}, anchors,
-// aliases, tags, single quotes, comments after a value, tabs, CR, duplicate keys, a key that is not a
-// plain name, escapes JSON and YAML might read differently) makes it decline, and the document goes
-// through parseYaml's bounded parse as before: the subset gives exactly that parse's value or nothing
-// (test/unit/yaml-subset.test.ts holds it to this on the fixtures, the fuzz corpus and generated documents).
+// generators write), literal block scalars (`|`, `|-`, `|+`, as Go's YAML writes multi-line text) and
+// plain scalars of a safe alphabet (names, paths, numbers, base64). The `yaml` package parses 1 MiB of
+// that in 140–400 ms of CPU, most of it in its general scalar and token machinery; read line by line it
+// takes a few ms. Anything outside the subset (folded scalars, flow collections other than [] and {},
+// anchors, aliases, tags, single quotes, comments after a value, tabs, CR, duplicate keys, a key that
+// is not a plain name, escapes JSON and YAML might read differently) makes it decline, and the document
+// goes through parseYaml's bounded parse as before: the subset gives exactly that parse's value or
+// nothing (test/unit/yaml-subset.test.ts holds it to this on the fixtures, Gardener's rendered OSC, the
+// fuzz corpus and generated documents).
 import { parse } from "yaml";
 
-type Line = { indent: number; text: string };
+/** A line of structure: its indentation, its text after it, and its index among the physical lines. */
+type Line = { indent: number; text: string; at: number };
 
 class Decline extends Error {}
 
@@ -18,7 +21,13 @@ const keyPattern = /^([A-Za-z_][A-Za-z0-9_./-]*):(?: +(.*))?$/;
 /** A plain scalar that is a string whatever the schema, once longer than YAML 1.1's longest word ("false"). */
 const plainString = /^[A-Za-z/][A-Za-z0-9_./-]*$/;
 /** Other plain scalars the subset takes: typed by the `yaml` package itself (numbers, octal modes, booleans). */
-const plainOther = /^[A-Za-z0-9_./+~-][A-Za-z0-9_./+=~-]*$/;
+const plainOther = /^[A-Za-z0-9_./+~-][A-Za-z0-9_./+=~:-]*$/;
+/**
+ * A character no number, timestamp or special value of YAML 1.1 has (theirs: digits, a–f, x, o, b, e,
+ * ".inf", ".nan", "T", "t", "Z", "z", ":"): a longer plain scalar holding one is a string (base64, an image
+ * reference, say).
+ */
+const stringEvidence = /[ghj-mpqrsuvwyGHJ-MPQRSUVWY/=]/;
 /** YAML 1.1's words that are not strings (y, no, null, false …) are at most this long. */
 const longestWord = 5;
 
@@ -39,12 +48,14 @@ function resolvePlain(text: string): unknown {
   const value = (doc as { v: unknown }).v;
   // A timestamp becomes a Date, a scalar with odd syntax may become anything: not the subset's to decide.
   if (value !== null && typeof value === "object") throw new Decline();
-  if (resolved.size < 10_000) resolved.set(text, value);
+  if (resolved.size < 10_000 && text.length <= 64) resolved.set(text, value);
   return value;
 }
 
+const trimSpaces = (s: string) => s.replace(/ +$/, ""); // YAML's white space: not JavaScript's (NBSP, U+3000 …)
+
 function scalar(raw: string): unknown {
-  const text = raw.trimEnd();
+  const text = trimSpaces(raw);
   if (text === "[]") return [];
   if (text === "{}") return {};
   if (text.startsWith('"')) {
@@ -57,25 +68,76 @@ function scalar(raw: string): unknown {
       throw new Decline();
     }
   }
-  if (plainString.test(text) && text.length > longestWord) return text;
-  if (plainOther.test(text) && !text.startsWith("-")) return resolvePlain(text);
+  // A ":" ending the scalar would start a mapping on its line.
+  const other = plainOther.test(text) && !text.startsWith("-") && !text.endsWith(":");
+  if (text.length > longestWord && (plainString.test(text) || (other && stringEvidence.test(text)))) return text;
+  if (other) return resolvePlain(text);
   throw new Decline();
 }
 
-/** The lines that carry content: indentation and text; blank and comment lines dropped. */
-function contentLines(text: string, maxLines: number): Line[] {
+const blockHeaders: Record<string, "clip" | "strip" | "keep"> = { "|": "clip", "|-": "strip", "|+": "keep" };
+
+const leadingSpaces = (line: string) => {
+  let n = 0;
+  while (line.charCodeAt(n) === 32) n++;
+  return n;
+};
+
+/**
+ * A literal block scalar whose header is on physical line `at`, in a node indented `parent`: its value
+ * and the physical line after it. Its indentation is that of its first non-empty line; lines of spaces
+ * only longer than that, a less indented line still inside, or no content at all decline.
+ */
+function literalBlock(all: readonly string[], at: number, parent: number, chomp: "clip" | "strip" | "keep", endsWithBreak: boolean): { value: string; next: number } {
+  let indent = -1;
+  const body: string[] = [];
+  let k = at + 1;
+  for (; k < all.length; k++) {
+    const raw = all[k] as string;
+    const n = leadingSpaces(raw);
+    if (n === raw.length) {
+      if (indent >= 0 && n > indent) throw new Decline();
+      body.push("");
+      continue;
+    }
+    if (indent < 0) {
+      if (n <= parent) break;
+      if (body.some((_, b) => (all[at + 1 + b] as string).length > n)) throw new Decline();
+      indent = n;
+    }
+    if (n < indent) {
+      if (n > parent) throw new Decline();
+      break;
+    }
+    body.push(raw.slice(indent));
+  }
+  if (indent < 0 || (k === all.length && !endsWithBreak)) throw new Decline();
+  let last = body.length - 1;
+  while (body[last] === "") last--;
+  const content = body.slice(0, last + 1).join("\n");
+  const value = chomp === "strip" ? content : chomp === "clip" ? `${content}\n` : `${content}\n${"\n".repeat(body.length - 1 - last)}`;
+  return { value, next: k };
+}
+
+/** The lines that carry structure (a block scalar's lines among them, skipped by position): blank and comment lines dropped. */
+function contentLines(physical: readonly string[]): Line[] {
   const lines: Line[] = [];
-  const physical = text.split("\n");
-  if (physical.length > maxLines) throw new Decline();
-  for (const line of physical) {
-    let indent = 0;
-    while (line.charCodeAt(indent) === 32) indent++;
+  let gap = 0;
+  physical.forEach((line, at) => {
+    const indent = leadingSpaces(line);
     const rest = line.slice(indent);
-    if (rest === "" || rest.startsWith("#")) continue;
+    if (rest === "" || rest.startsWith("#")) {
+      // The yaml package measures an implicit key from before such a run and refuses it past 1024
+      // characters (after an empty "-", say): a long run is left to it.
+      gap += line.length + 1;
+      if (gap > 1000) throw new Decline();
+      return;
+    }
+    gap = 0;
     // Directives and document markers: not the subset's.
     if (indent === 0 && (rest.startsWith("%") || rest.startsWith("---") || rest.startsWith("..."))) throw new Decline();
-    lines.push({ indent, text: rest });
-  }
+    lines.push({ indent, text: rest, at });
+  });
   return lines;
 }
 
@@ -93,11 +155,25 @@ export const maxTokensPerLine = 10;
  */
 export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTokens: number }): { value: unknown } | undefined {
   const { maxDepth } = limits;
-  // Tabs and CR, and the characters YAML 1.1 reads as line breaks inside a quoted scalar (NEL, LS, PS).
-  if (/[\t\r\u0085\u2028\u2029]/.test(text)) return undefined;
+  // Control characters (tabs and CR among them; parseYaml refuses most before), and the characters YAML
+  // 1.1 reads as line breaks inside a quoted scalar (NEL, LS, PS).
+  if (/[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]/.test(text)) return undefined;
   try {
-    const lines = contentLines(text, Math.floor(limits.maxTokens / maxTokensPerLine) - 1);
+    const physical = text.split("\n");
+    const endsWithBreak = physical.at(-1) === "";
+    if (endsWithBreak) physical.pop();
+    if (physical.length >= Math.floor(limits.maxTokens / maxTokensPerLine) - 1) throw new Decline();
+    const lines = contentLines(physical);
     let i = 0;
+
+    // A scalar on the line of structure i-1, which sits in a node indented `parent`.
+    const scalarAt = (raw: string, parent: number): unknown => {
+      const chomp = blockHeaders[trimSpaces(raw)];
+      if (!chomp) return scalar(raw);
+      const block = literalBlock(physical, (lines[i - 1] as Line).at, parent, chomp, endsWithBreak);
+      while (i < lines.length && (lines[i] as Line).at < block.next) i++;
+      return block.value;
+    };
 
     const block = (indent: number, depth: number): unknown => {
       // The full parse counts the scalars inside as one level deeper.
@@ -126,7 +202,7 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
         if (key === "__proto__" || keys.has(key) || (key.length <= longestWord && resolvePlain(key) !== key)) throw new Decline();
         keys.add(key);
         i++;
-        map[key] = m[2] === undefined || m[2].trimEnd() === "" ? nested(indent, depth, true) : scalar(m[2]);
+        map[key] = m[2] === undefined || trimSpaces(m[2]) === "" ? nested(indent, depth, true) : scalarAt(m[2], indent);
       }
       return map;
     };
@@ -136,7 +212,7 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
       for (let line = lines[i]; line && line.indent >= indent && isItem(line.text); line = lines[i]) {
         if (line.indent > indent) throw new Decline();
         const after = line.text.slice(1);
-        const rest = after.trimStart();
+        const rest = after.replace(/^ +/, "");
         if (rest === "") {
           i++;
           seq.push(nested(indent, depth, false));
@@ -144,11 +220,11 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
         else if (keyPattern.test(rest)) {
           // "- key: value": a mapping whose keys stand where this one does.
           const column = indent + 1 + (after.length - rest.length);
-          lines[i] = { indent: column, text: rest };
+          lines[i] = { indent: column, text: rest, at: line.at };
           seq.push(mapping(column, depth + 1));
         } else {
           i++;
-          seq.push(scalar(rest));
+          seq.push(scalarAt(rest, indent));
         }
       }
       if (lines[i] && (lines[i] as Line).indent > indent) throw new Decline();

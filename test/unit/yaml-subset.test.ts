@@ -50,6 +50,12 @@ function yamlFiles(dir: string): string[] {
 }
 
 describe("the subset agrees with the full parse or declines", () => {
+  test("the OSC Gardener renders (test/peer/osc-render: base64 data, literal blocks, image references), taken", () => {
+    const before = taken;
+    check(readFileSync(join(repo, "test/fixtures/gardener/osc-rendered.yaml"), "utf8"), "Gardener's OSC");
+    expect(taken - before).toBe(1);
+  });
+
   test("the benchmark OSCs, all taken", () => {
     const before = taken;
     for (const change of [0, 1, 7]) for (const shape of [undefined, { units: 8, filesPerUnit: 4 }]) check(oscYaml(change, shape), `bench ${change}`);
@@ -94,7 +100,13 @@ test("what it declines", () => {
     "# only a comment\n",
     "  indented: first\n",
     "a: 1\na: 2\n",
-    "a: |\n  block\n",
+    "a: >\n  folded\n",
+    "a: |2\n   indicated\n",
+    "a: |\n",
+    "a: |\n  no final break",
+    "a: |\n    x\n  y\n",
+    "a: |\n      \n  x\n",
+    "a: foo:\n",
     "a: [1, 2]\n",
     "a: &x 1\nb: *x\n",
     "a: !!str 1\n",
@@ -131,12 +143,29 @@ test("YAML 1.1 as the full parse reads it: octal modes, yes/no, ~, hex; a key YA
 
 const words = ["y", "Y", "yes", "No", "NO", "on", "Off", "true", "False", "null", "Null", "~", "n", "ok", "start", "enable"];
 const numbers = ["0", "0644", "0755", "420", "-1", "+1", "1_000", "0x1f", "0o17", "0b101", "1:30", "1.5", ".5", "1e3", "1.0e+3", ".inf", "-.Inf", ".nan", "08", "0.", "2001-12-14", "12:30:45"];
-const plains = ["kubelet.service", "/etc/systemd/system/a.service", "extensions.gardener.cloud/v1alpha1", "a-b_c.d", "...", "a=b", "x+y", "~x", "--", "a..b", "Infinity", "NaN"];
+const plains = [
+  "kubelet.service", "/etc/systemd/system/a.service", "extensions.gardener.cloud/v1alpha1", "a-b_c.d", "...", "a=b", "x+y", "~x", "--", "a..b", "Infinity", "NaN",
+  "localhost:5000/pause:3.10", "a:b", "12:30:45", "1:2", "x:", "2001-12-14T21:59:43.10Z", "2001-12-14t21:59:43Z", "IyEvYmluL2Jhc2gK", "LS0tLS1CRUdJTiBD+/=", "0+1=2", "123456789012", "1e10x", "0x1fz", ".infinity", "-.inf", "+.5", "1_0:30",
+];
 const keys = ["name", "path", "content", "data", "encoding", "units", "files", "a", "y", "on", "No", "null", "ab", "checksum/x", "x.y", "_k", "kind", "spec", "12", "__proto__"];
 const chars = ["a", " ", "\\n", "\\t", '\\"', "\\\\", "\\/", "\\u00e9", "é", "#", ": ", "- ", "'", "$", "\\x41", "\\0", "\\e", "\\N", "\\ ", "\u2028", "\u0085", "ü", "😀", "{", "["];
 
-function scalarText(r: Rng): string {
-  const kind = r.int(5);
+const blockLines = ["text", "  indented", "", "   ", "# not a comment", "- not an item", "key: not a key", '"quoted"', "tail  "];
+
+/** A literal block scalar's header and lines (indented `indent` + 2, now and then less or more). */
+function blockText(r: Rng, indent: number): string {
+  const pad = " ".repeat(indent + 2 + (r.chance(0.2) ? 2 : 0));
+  const lines: string[] = [];
+  for (let n = r.int(5); n >= 0; n--) {
+    const l = r.pick(blockLines);
+    lines.push(l.trim() === "" ? (r.chance(0.5) ? "" : l) : `${r.chance(0.05) ? " ".repeat(indent + 1) : pad}${l}`);
+  }
+  return `${r.pick(["|", "|-", "|+", "|", ">"])}\n${lines.join("\n")}`;
+}
+
+function scalarText(r: Rng, indent = 0): string {
+  const kind = r.int(6);
+  if (kind === 5) return blockText(r, indent);
   if (kind === 0) return r.pick(words);
   if (kind === 1) return r.pick(numbers);
   if (kind === 2) return r.pick(plains);
@@ -159,21 +188,21 @@ function edgeDocument(r: Rng): string {
       if (asSeq) {
         const nest = depth < 5 && r.chance(0.3);
         if (nest && r.chance(0.5)) {
-          lines.push(`${lead}- ${r.pick(keys)}: ${scalarText(r)}`.trimEnd());
+          lines.push(`${lead}- ${r.pick(keys)}: ${scalarText(r, indent + 2)}`.trimEnd());
           node(indent + 2, depth + 1, false);
         } else if (nest) {
           lines.push(`${lead}-`);
           node(indent + 2, depth + 1, false);
-        } else lines.push(`${lead}- ${scalarText(r)}`.trimEnd());
+        } else lines.push(`${lead}- ${scalarText(r, indent)}`.trimEnd());
       } else {
         const key = r.chance(0.9) ? r.pick(keys.slice(0, 8)) + (r.chance(0.5) ? String(e) : "") : r.pick(keys);
         if (depth < 5 && r.chance(0.35)) {
           lines.push(`${lead}${key}:`);
           const compact = r.chance(0.5);
           if (compact) {
-            for (let k = 1 + r.int(3); k > 0; k--) lines.push(`${pad}- ${scalarText(r)}`.trimEnd());
+            for (let k = 1 + r.int(3); k > 0; k--) lines.push(`${pad}- ${scalarText(r, indent)}`.trimEnd());
           } else node(indent + 2, depth + 1, false);
-        } else lines.push(`${lead}${key}:${r.chance(0.1) ? "" : ` ${scalarText(r)}`}`.trimEnd());
+        } else lines.push(`${lead}${key}:${r.chance(0.1) ? "" : ` ${scalarText(r, indent)}`}`.trimEnd());
       }
     }
   };
