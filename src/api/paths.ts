@@ -42,7 +42,20 @@ export const oscDataKey = "osc.yaml";
 // written, which is too late for the files written before it.
 const maxPathBytes = 4095;
 const maxNameBytes = 255;
-const utf8Bytes = (s: string) => new TextEncoder().encode(s).byteLength;
+// Counted, not encoded: every path of every inspection is checked (a TextEncoder and a copy each were 5 % of a re-check).
+function utf8Bytes(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n += 4; // a surrogate pair: one code point of four bytes
+      i++;
+    } else n += 3; // the rest of the BMP, and a lone surrogate (encoded as U+FFFD, three bytes)
+  }
+  return n;
+}
 
 /**
  * Why `path` is not an acceptable absolute node path, or undefined when it is: it must be absolute

@@ -261,6 +261,8 @@ describe("node paths", () => {
     ["/etc/hosts\0.bak", "NUL"],
     [`/etc/${"n".repeat(256)}`, "a name of 256 bytes, more than Linux's limit of 255"],
     [`/etc/${"é".repeat(128)}`, "a name of 256 bytes"],
+    [`/etc/${"€".repeat(85)}a`, "a name of 256 bytes"],
+    [`/etc/${"😀".repeat(64)}`, "a name of 256 bytes"],
     [`/${Array(410).fill("abcdefghi").join("/")}`, "is 4100 bytes long, more than Linux's limit of 4095"],
   ])("%p is rejected", async (path, why) => {
     let err: unknown;
