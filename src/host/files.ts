@@ -355,6 +355,12 @@ export function createFiles(rootDir = "/"): Files {
         }
         const last = todo.length === 0;
         if (last && !o.follow) return place(dir, name);
+        // A directory this pass opened and checked already is walked through as it was then.
+        const opened = last ? undefined : pass?.get(child(dir.node, name));
+        if (opened) {
+          stack.push(await opened);
+          continue;
+        }
         let st: Stats | undefined;
         try {
           st = await lstatIfAny(via(dir, name));
