@@ -359,4 +359,36 @@ describe("node harness", () => {
     }
     expect(alive(registry.pid)).toBe(false);
   }, 60_000);
+
+  test("a reboot inside a node ends its systemd (SIGHUP, never the host's); bootAfterReboot boots the same root: files, machine-id, address kept, /run and processes new", async () => {
+    const node = await bootNode("rbt", { net: "bridge", containerd: true });
+    try {
+      const [pid, machineId, ip] = [node.pid, await node.readFile("/etc/machine-id"), node.ip];
+      const hostBoot = await Bun.file("/proc/sys/kernel/random/boot_id").text();
+      await node.writeFile("/var/lib/e2e/kept", "on the disk\n");
+      await node.writeFile("/var/lib/containerd/kept", "on the containerd volume\n");
+      await node.writeFile("/run/e2e-volatile", "in /run\n");
+      // Not waited for: the node's systemd ends before it could answer.
+      await node.exec(["systemctl", "reboot", "--no-block"]);
+      await node.bootAfterReboot(30_000);
+      expect(node.pid).not.toBe(pid);
+      expect(alive(pid)).toBe(false);
+      expect(await Bun.file("/proc/sys/kernel/random/boot_id").text()).toBe(hostBoot);
+      expect((await node.execOk(["systemctl", "is-system-running"])).trim()).toBe("running");
+      expect((await node.execOk(["hostname"])).trim()).toBe(node.name);
+      expect(await node.readFile("/etc/machine-id")).toBe(machineId);
+      expect(await node.readFile("/var/lib/e2e/kept")).toBe("on the disk\n");
+      expect(await node.readFile("/var/lib/containerd/kept")).toBe("on the containerd volume\n");
+      expect((await node.exec(["cat", "/run/e2e-volatile"])).code).not.toBe(0);
+      expect((await node.execOk(["systemctl", "is-active", "containerd.service"])).trim()).toBe("active");
+      expect(await node.execOk(["ip", "-o", "-4", "addr", "show", "eth0"])).toContain(`${ip}/24`);
+      // A power-off is not a reboot: nothing is booted again.
+      await node.exec(["systemctl", "poweroff", "--no-block"]);
+      expect(String(await node.bootAfterReboot(30_000).catch((err: unknown) => err))).toContain("ended without a reboot (launcher exit 130");
+    } finally {
+      await node.stop();
+    }
+    expect(existsSync(`/tmp/trellis-test/nodes/${node.name}`)).toBe(false);
+    expect((await run(["findmnt", "-n", `/tmp/trellis-test/nodes/${node.name}/rootfs`])).code).not.toBe(0);
+  }, 90_000);
 });

@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { copyFile, chmod, mkdir, readFile, readlink, writeFile } from "node:fs/promises";
 import { dirname } from "node:path";
 import { atExit } from "./cleanup.ts";
-import { run, type RunResult } from "./exec.ts";
+import { run, type RunResult, waitFor } from "./exec.ts";
 
 const scripts = new URL("./node/", import.meta.url).pathname;
 const nodePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -14,14 +14,14 @@ const nodePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 export type ExecOptions = { input?: string; timeoutMs?: number; env?: Record<string, string> };
 
 export interface Node {
-  /** Unique per boot; also the node's hostname. */
-  name: string;
-  /** Host PID of the node's systemd (PID 1 inside). */
-  pid: number;
+  /** Unique per node (kept across its reboots); also the node's hostname. */
+  readonly name: string;
+  /** Host PID of the node's systemd (PID 1 inside); a new one after a reboot. */
+  readonly pid: number;
   /** The node's filesystem seen from the host (/proc/PID/root). */
-  root: string;
+  readonly root: string;
   /** The node's system bus, reachable from the host. */
-  busAddress: string;
+  readonly busAddress: string;
   /** eth0's address for net "bridge" (the host end is 10.233.0.1 on bridge trbr0). */
   ip?: string;
   /** Runs a command inside all of the node's namespaces (network included) with a clean environment. */
@@ -32,6 +32,13 @@ export interface Node {
   writeFile(path: string, content: string | Uint8Array, mode?: number): Promise<void>;
   /** Copies a host file into the node, e.g. dist/trellis to /opt/bin/trellis. */
   install(hostPath: string, nodePath: string, mode?: number): Promise<void>;
+  /**
+   * Waits until the node's systemd ended by a reboot that happened inside the node (`systemctl reboot`:
+   * the kernel ends a pid namespace's init with SIGHUP), then boots the same root again: same name,
+   * files, machine-id and address; /run, /tmp and every process afresh. Throws if the node ended any other
+   * way (power-off, a crash) or was still running after `timeoutMs`. Never reboots anything itself.
+   */
+  bootAfterReboot(timeoutMs?: number): Promise<void>;
   /** Powers the node off and removes its cgroup and state; a no-op the second time. */
   stop(): Promise<void>;
 }
@@ -67,26 +74,34 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
   };
   // Registered before booting: a crash halfway through boot must not leave a node behind either.
   const forget = atExit(() => Bun.spawnSync([`${scripts}stop.sh`, name, "5"], { stdout: "ignore", stderr: "ignore" }));
-  const boot = await run([`${scripts}boot.sh`, name], { env, timeoutMs: 60_000 });
-  if (boot.code !== 0) {
+  const boot = async (again: boolean): Promise<number> => {
+    const r = await run([`${scripts}boot.sh`, name], { env: again ? { ...env, NODE_REBOOT: "1" } : env, timeoutMs: 60_000 });
+    if (r.code === 0) return Number(r.stdout.trim());
     const stop = await run([`${scripts}stop.sh`, name]);
     forget();
-    throw new Error(`booting node ${name} failed (exit ${boot.code}):\n${boot.stderr}${stop.stderr}`);
-  }
-  const pid = Number(boot.stdout.trim());
-  const root = `/proc/${pid}/root`;
-  const ip = opts.net === "bridge" ? (await readFile(`/tmp/trellis-test/nodes/${name}/ip`, "utf8")).trim() : undefined;
+    throw new Error(`booting node ${name}${again ? " again after its reboot" : ""} failed (exit ${r.code}):\n${r.stderr}${stop.stderr}`);
+  };
+  let pid = await boot(false);
+  const state = `/tmp/trellis-test/nodes/${name}`;
+  const ip = opts.net === "bridge" ? (await readFile(`${state}/ip`, "utf8")).trim() : undefined;
 
   let stopped: Promise<void> | undefined;
   const exec = (cmd: string[], o: ExecOptions = {}) => {
     const vars = Object.entries({ PATH: nodePath, HOME: "/root", LANG: "C.UTF-8", ...o.env }).map(([k, v]) => `${k}=${v}`);
     return run(["nsenter", "-t", String(pid), "-a", "env", "-i", ...vars, ...cmd], { input: o.input, timeoutMs: o.timeoutMs });
   };
+  const rootOf = () => `/proc/${pid}/root`;
   return {
     name,
-    pid,
-    root,
-    busAddress: `unix:path=${root}/run/dbus/system_bus_socket`,
+    get pid() {
+      return pid;
+    },
+    get root() {
+      return rootOf();
+    },
+    get busAddress() {
+      return `unix:path=${rootOf()}/run/dbus/system_bus_socket`;
+    },
     ...(ip ? { ip } : {}),
     exec,
     execOk: async (cmd, o) => {
@@ -94,18 +109,25 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
       if (r.code !== 0) throw new Error(`[node ${name}] ${cmd.join(" ")} exited ${r.code}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
       return r.stdout;
     },
-    readFile: async (path) => readFile(await hostPath(root, path), "utf8"),
+    readFile: async (path) => readFile(await hostPath(rootOf(), path), "utf8"),
     writeFile: async (path, content, mode = 0o644) => {
-      const target = await hostPath(root, path);
+      const target = await hostPath(rootOf(), path);
       await mkdir(dirname(target), { recursive: true });
       await writeFile(target, content);
       await chmod(target, mode);
     },
     install: async (source, path, mode = 0o755) => {
-      const target = await hostPath(root, path);
+      const target = await hostPath(rootOf(), path);
       await mkdir(dirname(target), { recursive: true });
       await copyFile(source, target);
       await chmod(target, mode);
+    },
+    bootAfterReboot: async (timeoutMs = 60_000) => {
+      if (stopped) throw new Error(`node ${name} was stopped: there is nothing to boot again`);
+      // The launcher writes how the node's systemd ended once it has (test/harness/node/boot.sh).
+      const exit = await waitFor(`node ${name}'s systemd (pid ${pid}) to end`, () => readFile(`${state}/exit`, "utf8").then((t) => t.trim() || undefined, () => undefined), timeoutMs, 50);
+      if (exit !== "129") throw new Error(`node ${name} ended without a reboot (launcher exit ${exit}; 129 is SIGHUP, a reboot; 130 SIGINT, a power-off)`);
+      pid = await boot(true);
     },
     stop: () =>
       (stopped ??= (async () => {

@@ -13,7 +13,13 @@
 #   NODE_LOOP="/dev/loop7"            loop devices the node may use (bound into its /dev; nothing else of the host's
 #                                     block devices is there): a disk for bootstrap.kubeletDataVolumeSize
 #   NODE_TIMEOUT=30                   seconds to wait for `systemctl is-system-running` = running
-# Prints the host PID of the node's systemd (PID 1 inside). State in /tmp/trellis-test/nodes/NAME.
+#   NODE_REBOOT=1                     boot NAME's root again after its systemd ended (`systemctl reboot` in the
+#                                     node): same upper layer, machine-id and address; /run, /tmp and every
+#                                     process start afresh, as on a machine that restarted. Not with NODE_KUBELET.
+# Prints the host PID of the node's systemd (PID 1 inside). State in /tmp/trellis-test/nodes/NAME; the node's
+# root (upper layer) and its NODE_TMPFS directories live on a tmpfs mounted there in the host's mount namespace,
+# so that they outlive the node's systemd (stop.sh unmounts it). $STATE/exit: the launcher's exit status once
+# the node's systemd ended (129: SIGHUP, the kernel's mark of a reboot() in a pid namespace; 130: SIGINT, power-off).
 set -euo pipefail
 NAME=${1:?usage: boot.sh NAME}
 [[ $NAME =~ ^[a-z0-9-]{1,20}$ ]] || { echo "bad node name '$NAME' (want [a-z0-9-]{1,20})" >&2; exit 2; }
@@ -28,6 +34,7 @@ for d in $NODE_LOOP; do
 done
 [[ -z $NODE_LOOP || -z $NODE_KUBELET ]] || { echo "NODE_LOOP: not with NODE_KUBELET (its devices cgroup denies block devices)" >&2; exit 2; }
 NODE_TIMEOUT=${NODE_TIMEOUT:-30}
+NODE_REBOOT=${NODE_REBOOT:-}
 NODES=/tmp/trellis-test/nodes
 STATE=$NODES/$NAME
 ROOTBASE=$STATE/rootfs
@@ -38,8 +45,24 @@ case $NODE_NET in private|bridge|host) ;; *) echo "bad NODE_NET=$NODE_NET" >&2; 
 if [[ -f $STATE/pid ]] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
   echo "node $NAME already running (pid $(cat "$STATE/pid"))" >&2; exit 1
 fi
-rm -rf "$STATE"; mkdir -p "$STATE" "$ROOTBASE"
-: > "$STATE/console.log"
+if [[ -n $NODE_REBOOT ]]; then
+  [[ -z $NODE_KUBELET ]] || { echo "NODE_REBOOT: not with NODE_KUBELET (its cgroup v1 hierarchies are not rebuilt)" >&2; exit 2; }
+  mountpoint -q "$ROOTBASE" || { echo "NODE_REBOOT: node $NAME has no root to boot again ($ROOTBASE is not mounted)" >&2; exit 1; }
+  [[ -f $STATE/exit ]] || { echo "NODE_REBOOT: node $NAME's launcher has not ended" >&2; exit 1; }
+  # The last boot's systemd left its (now empty) cgroups below the node's: the new one starts from none.
+  find "$CG" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+  [[ -z $(find "$CG" -mindepth 1 -type d) ]] || { echo "NODE_REBOOT: cgroups of the last boot are still in use: $(cat "$CG/cgroup.procs" | tr '\n' ' ')" >&2; exit 1; }
+  rm -f "$STATE/pid" "$STATE/pid.tmp" "$STATE/exit" "$STATE/launcher.pid"
+  echo "--- reboot $(date -Is) ---" >> "$STATE/console.log"
+else
+  # A leftover of a node that was never stopped: its tmpfs first, or rm would fail on the mount point.
+  if mountpoint -q "$ROOTBASE" 2>/dev/null; then umount "$ROOTBASE" || umount -l "$ROOTBASE"; fi
+  rm -rf "$STATE"; mkdir -p "$STATE" "$ROOTBASE"
+  : > "$STATE/console.log"
+  # The node's disk: it outlives the node's systemd (a reboot) and the mount namespace it runs in.
+  mount -t tmpfs -o mode=755,size=4g trellis-node-rw "$ROOTBASE"
+  mkdir -p "$ROOTBASE/upper" "$ROOTBASE/work" "$ROOTBASE/merged" "$ROOTBASE/volumes"
+fi
 # Dedicated cgroup v2 subtree: becomes the node's cgroup-namespace root, and lets stop.sh prove a PID is ours.
 mkdir -p "$CG"
 JOIN=$CG/cgroup.procs
@@ -76,16 +99,14 @@ cat > "$STATE/inner.sh" <<INNER
 #!/bin/bash
 set -euo pipefail
 NAME=$NAME; STATE=$STATE; B=$ROOTBASE; NODE_TMPFS="$NODE_TMPFS"; NODE_MASK="$NODE_MASK"; NODE_LOOP="$NODE_LOOP"
-NODE_KUBELET="$NODE_KUBELET"; V1="$V1"; DROPCAPS="$DROPCAPS"
+NODE_KUBELET="$NODE_KUBELET"; V1="$V1"; DROPCAPS="$DROPCAPS"; NODE_REBOOT="$NODE_REBOOT"
 INNER
 cat >> "$STATE/inner.sh" <<'INNER'
 # We are PID 1 of a new pid ns, in a new (private-propagation) mount ns. /proc is still the host's,
 # so /proc/self/stat gives our *host* pid (systemd keeps it after exec).
 read -r HOSTPID _ < /proc/self/stat; echo "$HOSTPID" > "$STATE/pid.tmp"
 mount --make-rprivate /
-# tmpfs for the writable layer: exists only in this mount namespace, vanishes with it.
-mount -t tmpfs -o mode=755,size=2g trellis-node-rw "$B"
-mkdir -p "$B/upper" "$B/work" "$B/merged"
+# The writable layer is on the tmpfs boot.sh mounted in the host's namespace: it survives a reboot.
 mount -t overlay overlay -o "lowerdir=/,upperdir=$B/upper,workdir=$B/work" "$B/merged"
 R=$B/merged
 # API filesystems
@@ -132,10 +153,14 @@ touch "$R/dev/console"; mount --bind "$STATE/console.log" "$R/dev/console"
 [[ -z $NODE_KUBELET ]] || ln -s /dev/console "$R/dev/kmsg"
 mount -t tmpfs -o mode=755,nosuid,nodev,size=256m tmpfs "$R/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev,size=1g tmpfs "$R/tmp"
-for d in $NODE_TMPFS; do mkdir -p "$R$d"; mount -t tmpfs -o mode=711 tmpfs "$R$d"; done
+# Not in the overlay (overlay on overlay breaks rw mounts), on the node's disk: kept across a reboot.
+for d in $NODE_TMPFS; do
+  v=$B/volumes/${d//\//_}; mkdir -p "$v" "$R$d"; chmod 711 "$v"; mount --bind "$v" "$R$d"
+done
 # Node identity + unit masking (all writes land in the tmpfs upper layer)
 hostname "$NAME"; echo "$NAME" > "$R/etc/hostname"
-tr -d - < /proc/sys/kernel/random/uuid > "$R/etc/machine-id"
+# A machine keeps its id across reboots.
+[[ -n $NODE_REBOOT ]] || tr -d - < /proc/sys/kernel/random/uuid > "$R/etc/machine-id"
 for u in getty@tty1.service console-getty.service getty.target postgresql.service e2scrub_reap.service \
          systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer \
          e2scrub_all.timer fstrim.timer man-db.timer systemd-pstore.service systemd-networkd.service \
@@ -157,9 +182,10 @@ exec env -i container=other PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
   /lib/systemd/systemd --show-status=no </dev/null >/dev/console 2>&1
 INNER
 chmod +x "$STATE/inner.sh"
-# Launch detached (the node outlives this script). The outer bash moves itself into the node cgroup, then unshares.
-setsid bash -c "for p in $JOIN; do echo \$\$ > \$p; done; exec unshare --mount --pid --fork --uts --ipc --cgroup $NETFLAG --propagation private $STATE/inner.sh" \
-  </dev/null >"$STATE/launcher.log" 2>&1 &
+# Launch detached (the node outlives this script). The outer bash moves itself into the node cgroup, then
+# unshares, and records how the node's systemd ended: unshare dies of the signal its child died of.
+setsid bash -c "for p in $JOIN; do echo \$\$ > \$p; done; unshare --mount --pid --fork --uts --ipc --cgroup $NETFLAG --propagation private $STATE/inner.sh; echo \$? > $STATE/exit" \
+  </dev/null >>"$STATE/launcher.log" 2>&1 &
 echo "$!" > "$STATE/launcher.pid"
 for _ in $(seq 1 100); do [[ -s $STATE/pid.tmp ]] && break; sleep 0.02; done
 PID=$(cat "$STATE/pid.tmp" 2>/dev/null || true)
@@ -170,8 +196,11 @@ if [[ $NODE_NET == bridge ]]; then
   if ! ip link show trbr0 >/dev/null 2>&1; then
     ip link add trbr0 type bridge; ip addr add 10.233.0.1/24 dev trbr0; ip link set trbr0 up
   fi
-  for IDX in $(seq 10 250); do grep -qx "$IDX" "$NODES"/*/netidx 2>/dev/null || break; done
-  echo "$IDX" > "$STATE/netidx"
+  if [[ -n $NODE_REBOOT && -f $STATE/netidx ]]; then IDX=$(cat "$STATE/netidx")   # the same address again
+  else
+    for IDX in $(seq 10 250); do grep -qx "$IDX" "$NODES"/*/netidx 2>/dev/null || break; done
+    echo "$IDX" > "$STATE/netidx"
+  fi
   ip link add "trv$IDX" type veth peer name eth0 netns "$PID"
   ip link set "trv$IDX" master trbr0 up
   nsenter -t "$PID" -n sh -c "ip addr add 10.233.0.$IDX/24 dev eth0 && ip link set eth0 up"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Stop a node started by boot.sh: SIGRTMIN+4 (= systemctl poweroff) to its PID 1, wait, SIGKILL as last resort;
-# then remove its cgroups, veth and state. Safe to call for a node that failed to boot or is already gone.
+# then remove its cgroups, veth, disk (tmpfs) and state. Safe to call for a node that failed to boot or is already gone.
 # Only PIDs inside the node's own cgroup are ever signalled.
 # Usage: stop.sh NAME [timeout_s]
 set -uo pipefail
@@ -45,5 +45,10 @@ if [[ -f $STATE/netidx ]]; then
   ls "$NODES"/*/netidx >/dev/null 2>&1 || ip link del trbr0 2>/dev/null
   flock -u 9
 fi
-# The mount namespace (and with it the tmpfs upper layer) is gone with the processes.
+# The mount namespace is gone with the processes; the node's disk (boot.sh mounted it in the host's
+# namespace, so that it outlives a reboot) goes now.
+ROOTBASE=$STATE/rootfs
+if mountpoint -q "$ROOTBASE" 2>/dev/null; then
+  umount "$ROOTBASE" 2>/dev/null || umount -l "$ROOTBASE" || { echo "could not unmount $ROOTBASE" >&2; exit 1; }
+fi
 rm -rf "$STATE"
