@@ -25,8 +25,19 @@ export const InPlaceStateSchema = object({
     object({
       checksum: v.string(),
       changes: InPlaceChangesSchema,
-      /** The boot (kernel boot_id) in which the OS update command ran: a restart since then that left the old OS means it rolled back. */
-      osUpdateBoot: v.optional(v.string()),
+    }),
+  ),
+  /**
+   * The OS update command trellis started (src/plan/os-update.ts), written before it runs: kept apart
+   * from `pending`, so that a new OSC while the machine has yet to restart does not forget it.
+   */
+  osUpdate: v.optional(
+    object({
+      version: v.string(),
+      /** The boot of the machine it ran in (src/host/boot-clock.ts, machineBoot). */
+      boot: v.string(),
+      finished: v.boolean(),
+      failed: v.optional(v.string()),
     }),
   ),
 });

@@ -3,8 +3,6 @@
 // agent then updates the node, deletes the Pods the drain left on it (src/kube/pods.ts) and labels it
 // update-result=successful (or failed, with the reason in an annotation, the Pods left alone), which MCM
 // turns into the Machine's phase. Until then the OSC is not reported as applied.
-import { execFile } from "node:child_process";
-import { readFile } from "node:fs/promises";
 import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../api/desired.ts";
 import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
@@ -12,20 +10,24 @@ import type { OperatingSystemConfig } from "../api/osc.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import type { Result } from "../api/result.ts";
 import { jsonStore } from "../apply/state-store.ts";
+import { machineBoot } from "../host/boot-clock.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { type CaRef, renderKubeconfig } from "../kube/csr-kubeconfig.ts";
-import { inPlaceChanges, noInPlaceChanges, osVersionOf, partsOf, sameVersion } from "../plan/in-place.ts";
+import { inPlaceChanges, noInPlaceChanges, partsOf } from "../plan/in-place.ts";
 import { abortableSleep } from "../time.ts";
 import { describeError } from "../log.ts";
 import { defaultKubeletHealthz, kubeletHealthz } from "./health.ts";
 import type { CertificateController } from "./certificate.ts";
+import { createOsUpdater, nodeOsVersion, type OsUpdate, type OsUpdateOutcome, osUpdateRetry, updateFailedReason, updatingOsVersion } from "./os-update.ts";
 import type { TokenController } from "./token.ts";
 import type { NodeSource } from "./types.ts";
 import type { Kube } from "../kube/client.ts";
 import { patchNodeMetadata } from "../kube/node.ts";
 import { deletePodsOnNode } from "../kube/pods.ts";
 import type { Logger } from "../log.ts";
+
+export type { OsUpdate } from "./os-update.ts";
 
 /** machine-controller-manager's Node condition, reason, label and annotation (pkg/apis/machine/v1alpha1). */
 const machineUpdate = {
@@ -34,18 +36,10 @@ const machineUpdate = {
   resultLabel: "node.machine.sapcloud.io/update-result",
   successful: "successful",
   failed: "failed",
-  failedReason: "node.machine.sapcloud.io/update-failed-reason",
+  failedReason: updateFailedReason,
   /** gardener-node-agent's own mark of an OS update it started; cleared with the result. */
-  updatingOsVersion: "node-agent.gardener.cloud/updating-operating-system-version",
+  updatingOsVersion,
 } as const;
-
-const osRelease = "/etc/os-release";
-
-/** The node's OS version, as kubelet reports it (undefined: os-release names none). */
-async function nodeOsVersion(files: Files): Promise<string | undefined> {
-  const release = await files.read(osRelease);
-  return release && osVersionOf(new TextDecoder().decode(release));
-}
 
 /** The in-place work `osc` asks of this node: against the last applied OSC and the node's OS version. */
 async function inPlaceChangesOnNode(files: Files, osc: OperatingSystemConfig, source: string): Promise<Result<InPlaceChanges>> {
@@ -55,37 +49,6 @@ async function inPlaceChangesOnNode(files: Files, osc: OperatingSystemConfig, so
   const last = parseOscBytes(lastBytes, paths.lastAppliedOsc);
   if (!last.ok) return last;
   return inPlaceChanges(last.value, osc, await nodeOsVersion(files), source);
-}
-
-/** Whether the node runs OS version `want`. */
-const osIsAt = async (files: Files, want: string): Promise<boolean> => {
-  const now = await nodeOsVersion(files);
-  return now !== undefined && sameVersion(now, want) === true;
-};
-
-/** This boot of the machine: changes only when the kernel restarts. */
-const bootId = async (): Promise<string> => (await readFile("/proc/sys/kernel/random/boot_id", "utf8")).trim();
-
-/** How gardener-node-agent runs the OS extension's update command: again every 30 s for up to 5 min while it reports network problems. */
-const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retriable: /network problems/i };
-/** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
-const osUpdateRunMs = 10 * 60_000;
-
-/** Runs the OS update command; undefined once it succeeded, else why it failed (with its output). */
-async function runOsUpdate(command: string, args: string[], signal: AbortSignal, now: () => number = performance.now.bind(performance)): Promise<string | undefined> {
-  const deadline = now() + osUpdateRetry.timeoutMs;
-  for (;;) {
-    const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
-      execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
-        const output = `${stdout}${stderr}`.trim().replace(/\s*\n\s*/g, " ").slice(-2000);
-        resolve(err ? { error: describeError(err), output } : { output });
-      });
-    });
-    if (outcome.error === undefined) return undefined;
-    const failure = `the OS update command ${[command, ...args].join(" ")} failed: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
-    if (!osUpdateRetry.retriable.test(outcome.output) || now() + osUpdateRetry.intervalMs > deadline || signal.aborted) return failure;
-    await abortableSleep(osUpdateRetry.intervalMs, signal);
-  }
 }
 
 /** Whether machine-controller-manager has drained the node for its in-place update. */
@@ -157,8 +120,6 @@ async function rebootstrapKubelet(files: Files, systemd: Pick<Systemd, "restart"
   await systemd.restart("kubelet.service");
 }
 
-export type OsUpdate = { command: string; args?: string[] | null };
-
 export type InPlaceUpdaterDeps = {
   kube: Kube;
   files: Files;
@@ -173,18 +134,23 @@ export type InPlaceUpdaterDeps = {
   apiServer: { server: string; ca: CaRef };
   /** Aborts the waits (kubelet's health, the OS update command) when the agent stops. */
   signal: AbortSignal;
+  /** This boot of the machine (default: machineBoot), and the OS update command's retries: tests set them. */
+  boot?: () => string;
+  osUpdateRetry?: typeof osUpdateRetry;
 };
 
 /**
- * What is left of an in-place update after its apply: failed, waiting for the machine to restart, cut
- * short because the agent stops (no failure: the next start finishes it), or done (undefined).
+ * What is left of an in-place update after its apply: failed (`final`: not tried again for this OSC's
+ * OS version; `told`: the Node says so already), waiting for the machine to restart, cut short because
+ * the agent stops (no failure: the next start finishes it), or done (undefined).
  */
-type InPlaceOutcome = { failed: string } | { waiting: string } | { stopped: string } | undefined;
+export type InPlaceOutcome = OsUpdateOutcome | { stopped: string };
 
 /** The node's side of in-place updates; the OSC controller reports what it says. */
 export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
   const store = createInPlaceStore(deps.files);
-  const failed = (why: string | undefined): InPlaceOutcome => (why === undefined ? undefined : { failed: why });
+  const os = createOsUpdater({ ...deps, store, boot: deps.boot ?? machineBoot, ...(deps.osUpdateRetry ? { retry: deps.osUpdateRetry } : {}) });
+  const failed = (why: string | undefined): InPlaceOutcome => (why === undefined ? undefined : { failed: why, final: false });
 
   /** The in-place work `osc` (as `checksum`) asks of this node; once applied, what was recorded of it. */
   async function work(osc: OperatingSystemConfig, checksum: string, source: string): Promise<Result<InPlaceChanges>> {
@@ -201,8 +167,8 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
   async function start(checksum: string, changes: InPlaceChanges): Promise<string | undefined> {
     const what = partsOf(changes).map((p) => p.what).join(", ");
     if (!mayUpdateInPlace(deps.node.current())) return `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
-    const pending = (await store.read()).pending;
-    if (pending?.checksum !== checksum) await store.write({ pending: { checksum, changes } });
+    const state = await store.read();
+    if (state.pending?.checksum !== checksum) await store.write({ ...state, pending: { checksum, changes } });
     deps.log.info("updating the node in place", { checksum, update: what });
     if (changes.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
     return undefined;
@@ -215,7 +181,7 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
     if (deps.signal.aborted) return { stopped: `the agent stopped before the update was finished (${describeError(deps.signal.reason)})` };
     const name = deps.node.current()?.metadata?.name;
     if (outcome && "failed" in outcome) {
-      if (name) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
+      if (name && !outcome.told) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
       return outcome;
     }
     if (outcome) return outcome;
@@ -239,8 +205,8 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       if (unhealthy) return failed(unhealthy);
     }
     if (changes.operatingSystem) {
-      const os = await updateOs(changes.operatingSystem.to, osUpdate);
-      if (os) return os;
+      const outcome = await os.update(changes.operatingSystem.to, osUpdate);
+      if (outcome) return outcome;
     }
     if (changes.serviceAccountKey) {
       const stale = await deps.tokens.resync();
@@ -261,30 +227,6 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       if (unhealthy) return failed(`certificate authority rotation: ${unhealthy}`);
     }
     return undefined;
-  }
-
-  /**
-   * The OS update, with the OS extension's command (status.inPlaceUpdates.osUpdate), as gardener-node-agent
-   * runs it: the Node annotated with the version it goes to, the command run (it usually restarts the
-   * machine), and done once os-release names the version. The machine restarted without it: rolled back.
-   */
-  async function updateOs(want: string, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
-    if (await osIsAt(deps.files, want)) return undefined;
-    const pending = (await store.read()).pending;
-    if (pending?.osUpdateBoot !== undefined) {
-      if (pending.osUpdateBoot === (await bootId())) return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
-      const have = (await nodeOsVersion(deps.files)) ?? "an unknown version";
-      return { failed: `the OS update to ${want} might have failed and rolled back: the machine restarted and runs ${have}` };
-    }
-    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)" };
-    const name = deps.node.current()?.metadata?.name;
-    if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [machineUpdate.updatingOsVersion]: want } });
-    deps.log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want });
-    const failure = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], deps.signal);
-    if (failure) return { failed: failure };
-    if (await osIsAt(deps.files, want)) return undefined;
-    if (pending) await store.write({ pending: { ...pending, osUpdateBoot: await bootId() } });
-    return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
   }
 
   return { work, start, finish };

@@ -538,7 +538,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return periodic();
   }
 
-  /** After the apply of an in-place update: the rest of it; a failure is reported and retried, the OSC not reported as applied. */
+  /**
+   * After the apply of an in-place update: the rest of it. A failure is reported, the OSC not reported as
+   * applied, and retried — unless it is final (an OS update that failed is not tried again for the same
+   * version, as gardener-node-agent: the next OSC change wakes the controller).
+   */
   async function finishInPlace(checksum: string, work: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<Wait | undefined> {
     const outcome = await inPlace.finish(checksum, work, osUpdate);
     if (outcome && "waiting" in outcome) return holdInPlace(checksum, "InPlaceUpdateRestartPending", outcome.waiting);
@@ -546,13 +550,15 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (!outcome) return undefined;
     status.lastResult = "failed";
     status.lastError = outcome.failed;
-    log.error("the in-place update failed", { checksum, error: outcome.failed });
+    log.error("the in-place update failed", { checksum, error: outcome.failed, final: outcome.final });
     const current = deps.node.current();
-    if (current) {
+    const { reported } = note(checksum);
+    if (current && !reported.has(`in-place/${outcome.failed}`)) {
+      if (outcome.final) reported.add(`in-place/${outcome.failed}`);
       await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "InPlaceUpdateFailed", message: outcome.failed });
       await setCondition(current, "False", "InPlaceUpdateFailed", `OSC ${checksum.slice(0, 12)}: ${outcome.failed}`);
     }
-    return retryWait("a failed in-place update");
+    return outcome.final ? periodic() : retryWait("a failed in-place update");
   }
 
   function serialGate(identity: string) {

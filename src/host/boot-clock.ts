@@ -26,3 +26,17 @@ export function readBootClock(): BootClockReading {
 export function elapsedBetween(then: BootClockReading, now: BootClockReading): number {
   return Math.max(0, then.bootId === now.bootId ? now.uptimeMs - then.uptimeMs : now.wallMs - then.wallMs);
 }
+
+/**
+ * This boot of the machine: the kernel's boot id and when its init (PID 1) started, in clock ticks since
+ * the kernel booted. The second part changes when the machine's init restarts without a new kernel (a
+ * container or nspawn machine that rebooted, the test harness's nodes), which the boot id alone misses.
+ */
+export function machineBoot(): string {
+  const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+  const stat = readFileSync("/proc/1/stat", "utf8");
+  // Fields after the command name, which may itself contain spaces and parentheses: state is field 3, starttime 22.
+  const started = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  if (!bootId || !started || !/^\d+$/.test(started)) throw new Error(`cannot tell this boot of the machine: boot_id "${bootId}", /proc/1/stat "${stat.trim().slice(0, 200)}"`);
+  return `${bootId}/${started}`;
+}

@@ -37,8 +37,9 @@ export interface Node {
    * the kernel ends a pid namespace's init with SIGHUP), then boots the same root again: same name,
    * files, machine-id and address; /run, /tmp and every process afresh. Throws if the node ended any other
    * way (power-off, a crash) or was still running after `timeoutMs`. Never reboots anything itself.
+   * Returns when the node's systemd was seen ended (Date.now(), within 50 ms).
    */
-  bootAfterReboot(timeoutMs?: number): Promise<void>;
+  bootAfterReboot(timeoutMs?: number): Promise<{ endedAt: number }>;
   /** Powers the node off and removes its cgroup and state; a no-op the second time. */
   stop(): Promise<void>;
 }
@@ -126,8 +127,10 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
       if (stopped) throw new Error(`node ${name} was stopped: there is nothing to boot again`);
       // The launcher writes how the node's systemd ended once it has (test/harness/node/boot.sh).
       const exit = await waitFor(`node ${name}'s systemd (pid ${pid}) to end`, () => readFile(`${state}/exit`, "utf8").then((t) => t.trim() || undefined, () => undefined), timeoutMs, 50);
+      const endedAt = Date.now();
       if (exit !== "129") throw new Error(`node ${name} ended without a reboot (launcher exit ${exit}; 129 is SIGHUP, a reboot; 130 SIGINT, a power-off)`);
       pid = await boot(true);
+      return { endedAt };
     },
     stop: () =>
       (stopped ??= (async () => {

@@ -4,6 +4,40 @@
 import { type KubeConfig, type KubernetesObject, Watch } from "@kubernetes/client-node";
 
 /**
+ * Watches the object `name` in the collection at `path`, calling `onObject` with each version of it, until
+ * stop(). A watch the server ends (or that fails while the server starts) is opened again, from the
+ * resourceVersion `resumeFrom` gives, or with the object as it is then.
+ */
+function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string, onObject: (obj: T) => void, resumeFrom: () => string | undefined = () => undefined): { stop(): void } {
+  let stopped = false;
+  let watch: AbortController | undefined;
+  const open = async (): Promise<void> => {
+    try {
+      const resourceVersion = resumeFrom();
+      watch = await new Watch(kc).watch(
+        path,
+        { fieldSelector: `metadata.name=${name}`, ...(resourceVersion ? { resourceVersion } : {}) },
+        (phase, obj: T) => {
+          if (!stopped && (phase === "ADDED" || phase === "MODIFIED")) onObject(obj);
+        },
+        () => reopen(),
+      );
+      if (stopped) watch.abort();
+    } catch {
+      reopen();
+    }
+  };
+  const reopen = () => void (stopped || setTimeout(() => void open(), 200));
+  void open();
+  return {
+    stop: () => {
+      stopped = true;
+      watch?.abort();
+    },
+  };
+}
+
+/**
  * Watches the object `name` in the collection at `path` (e.g. "/api/v1/nodes",
  * "/api/v1/namespaces/default/pods") until `check` returns something other than undefined, and returns
  * that. The error on timeout carries `describe` of the last version seen.
@@ -18,39 +52,33 @@ export function watchUntil<T extends KubernetesObject, R>(
 ): Promise<R> {
   return new Promise<R>((resolve, reject) => {
     let settled = false;
-    let watch: AbortController | undefined;
     let last: T | undefined;
     const settle = (outcome: () => void) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
-      watch?.abort();
+      watch.stop();
       outcome();
     };
     const timer = setTimeout(() => {
       const seen = last === undefined ? "never seen" : `last seen: ${(opts.describe ?? ((o: T) => JSON.stringify(o)))(last)}`;
       settle(() => reject(new Error(`timed out after ${opts.timeoutMs} ms waiting for ${what} (${seen})`)));
     }, opts.timeoutMs);
-    const open = async (): Promise<void> => {
-      try {
-        watch = await new Watch(kc).watch(
-          path,
-          { fieldSelector: `metadata.name=${name}` },
-          (phase, obj: T) => {
-            if (phase !== "ADDED" && phase !== "MODIFIED") return;
-            last = obj;
-            const result = check(obj);
-            if (result !== undefined) settle(() => resolve(result));
-          },
-          () => reopen(),
-        );
-        if (settled) watch.abort();
-      } catch {
-        reopen();
-      }
-    };
-    // The server ends watches after a while, and the first one can fail while the server starts.
-    const reopen = () => void (settled || setTimeout(() => void open(), 200));
-    void open();
+    const watch = keepWatching<T>(kc, path, name, (obj) => {
+      last = obj;
+      const result = check(obj);
+      if (result !== undefined) settle(() => resolve(result));
+    });
   });
+}
+
+/**
+ * Records every version of the object `name` in the collection at `path` from now on, in order, each with
+ * when it arrived (Date.now()): a watch the server ends is resumed from the last resourceVersion seen, so
+ * no change is missed in between.
+ */
+export function recordVersions<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string): { versions: { object: T; at: number }[]; stop(): void } {
+  const versions: { object: T; at: number }[] = [];
+  const watch = keepWatching<T>(kc, path, name, (object) => versions.push({ object, at: Date.now() }), () => versions.at(-1)?.object.metadata?.resourceVersion);
+  return { versions, stop: watch.stop };
 }

@@ -1,0 +1,115 @@
+// The OS update of an in-place update, on the node: the OS extension's command
+// (status.inPlaceUpdates.osUpdate) run as gardener-node-agent runs it, and its outcome told after the
+// machine restarted. What to do next is decided in src/plan/os-update.ts; this does it.
+import { execFile } from "node:child_process";
+import type { InPlaceState } from "../api/in-place-state.ts";
+import type { Files } from "../host/files.ts";
+import type { Kube } from "../kube/client.ts";
+import { patchNodeMetadata } from "../kube/node.ts";
+import { describeError, type Logger } from "../log.ts";
+import { osVersionOf, sameVersion } from "../plan/in-place.ts";
+import { decideOsUpdate } from "../plan/os-update.ts";
+import { abortableSleep, monotonicMs } from "../time.ts";
+import type { NodeSource } from "./types.ts";
+
+/** gardener-node-agent's mark of an OS update it started, and machine-controller-manager's failure reason; both cleared with a success. */
+export const updatingOsVersion = "node-agent.gardener.cloud/updating-operating-system-version";
+export const updateFailedReason = "node.machine.sapcloud.io/update-failed-reason";
+
+const osRelease = "/etc/os-release";
+
+/** The node's OS version, as kubelet reports it (undefined: os-release names none). */
+export async function nodeOsVersion(files: Files): Promise<string | undefined> {
+  const release = await files.read(osRelease);
+  return release && osVersionOf(new TextDecoder().decode(release));
+}
+
+/** How gardener-node-agent runs the OS extension's update command: again every 30 s for up to 5 min while it reports network problems. */
+export const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retriable: /network problems/i };
+/** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
+const osUpdateRunMs = 10 * 60_000;
+
+export type OsUpdateRun = { ok: true } | { failed: string } | { stopped: true };
+
+/**
+ * Runs the OS update command until it succeeds, fails for a reason other than network problems, or the
+ * retries' time is up. `stopped`: the agent is stopping (the command may be what restarts the machine).
+ */
+export async function runOsUpdate(command: string, args: string[], signal: AbortSignal, retry = osUpdateRetry, now: () => number = monotonicMs): Promise<OsUpdateRun> {
+  const deadline = now() + retry.timeoutMs;
+  for (;;) {
+    const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
+      execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
+        const output = `${stdout}${stderr}`.trim().replace(/\s*\n\s*/g, " ").slice(-2000);
+        resolve(err ? { error: describeError(err), output } : { output });
+      });
+    });
+    if (signal.aborted) return { stopped: true };
+    if (outcome.error === undefined) return { ok: true };
+    const failure = `failed to execute OS update command ${[command, ...args].join(" ")}: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
+    if (!retry.retriable.test(outcome.output) || now() + retry.intervalMs > deadline) return { failed: failure };
+    await abortableSleep(retry.intervalMs, signal);
+    if (signal.aborted) return { stopped: true };
+  }
+}
+
+export type OsUpdate = { command: string; args?: string[] | null };
+
+/** What is left of the OS update: failed (`told`: the Node says so already), waiting for the machine to restart, or done (undefined). */
+export type OsUpdateOutcome = { failed: string; final: boolean; told?: boolean } | { waiting: string } | undefined;
+
+export type OsUpdaterDeps = {
+  kube: Kube;
+  files: Files;
+  node: NodeSource;
+  log: Logger;
+  signal: AbortSignal;
+  /** The in-place state file, where the attempt is recorded. */
+  store: { read(): Promise<InPlaceState>; write(state: InPlaceState): Promise<void> };
+  /** This boot of the machine (src/host/boot-clock.ts, machineBoot). */
+  boot: () => string;
+  retry?: typeof osUpdateRetry;
+};
+
+export function createOsUpdater(deps: OsUpdaterDeps) {
+  const recordAttempt = async (attempt: InPlaceState["osUpdate"]) => deps.store.write({ ...(await deps.store.read()), osUpdate: attempt });
+
+  /** Brings the node to OS version `want` with the OS extension's command `osUpdate`, or says why not yet, or why never. */
+  async function update(want: string, osUpdate: OsUpdate | null | undefined): Promise<OsUpdateOutcome> {
+    const have = await nodeOsVersion(deps.files);
+    const attempt = (await deps.store.read()).osUpdate;
+    const annotations = deps.node.current()?.metadata?.annotations ?? {};
+    const boot = deps.boot();
+    const decision = decideOsUpdate({ want, have, attempt, boot, node: { updating: annotations[updatingOsVersion], failedReason: annotations[updateFailedReason] } });
+    switch (decision.next) {
+      case "done":
+        return undefined;
+      case "wait":
+        return { waiting: decision.why };
+      case "fail":
+        // Remembered on the node too: the Node may be patched back by someone, the attempt stays failed.
+        if (attempt?.failed !== decision.why) await recordAttempt({ version: want, boot: attempt?.boot ?? boot, finished: attempt?.finished ?? false, failed: decision.why });
+        return { failed: decision.why, final: true, told: decision.told };
+    }
+    // The OS extension provides the command in the OSC's status; without it, nothing was tried: retried.
+    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)", final: false };
+    // Recorded before it runs (the command usually restarts the machine, and never returns), then the
+    // Node marked as gardener-node-agent marks it.
+    await recordAttempt({ version: want, boot, finished: false });
+    const name = deps.node.current()?.metadata?.name;
+    if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [updatingOsVersion]: want } });
+    deps.log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want, ...(decision.again ? { again: decision.again } : {}) });
+    const run = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], deps.signal, deps.retry);
+    if ("stopped" in run) return { waiting: "the agent stopped while the OS update command ran" };
+    if ("failed" in run) {
+      await recordAttempt({ version: want, boot, finished: false, failed: run.failed });
+      return { failed: run.failed, final: true };
+    }
+    await recordAttempt({ version: want, boot, finished: true });
+    const now = await nodeOsVersion(deps.files);
+    if (now !== undefined && sameVersion(now, want)) return undefined;
+    return { waiting: `the OS update to ${want} ran; the machine has not restarted into it yet` };
+  }
+
+  return { update };
+}

@@ -1,0 +1,102 @@
+// The OS update of an in-place update: what to do next (src/plan/os-update.ts), as gardener-node-agent
+// v1.150 decides it, and how the OS extension's command is run and retried (src/controllers/os-update.ts).
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { machineBoot } from "../../src/host/boot-clock.ts";
+import { runOsUpdate } from "../../src/controllers/os-update.ts";
+import { decideOsUpdate, type OsUpdateInput, rolledBack } from "../../src/plan/os-update.ts";
+
+const boot1 = "b1/100";
+const boot2 = "b1/900";
+const input = (o: Partial<OsUpdateInput>): OsUpdateInput => ({ want: "13", have: "12", attempt: undefined, boot: boot1, node: {}, ...o });
+
+describe("what the OS update does next", () => {
+  test("done once os-release names the version (13 = 13.0), whatever was recorded", () => {
+    expect(decideOsUpdate(input({ have: "13.0" }))).toEqual({ next: "done" });
+    expect(decideOsUpdate(input({ have: "13", attempt: { version: "13", boot: boot1, finished: false, failed: "x" }, node: { updating: "13", failedReason: "x" } }))).toEqual({ next: "done" });
+  });
+
+  test("nothing recorded and the Node not marked: run the command", () => {
+    expect(decideOsUpdate(input({}))).toEqual({ next: "run" });
+    // An attempt at another version, or the Node marked for another one: this version was never tried.
+    expect(decideOsUpdate(input({ attempt: { version: "14", boot: boot1, finished: true }, node: { updating: "14", failedReason: "no" } }))).toEqual({ next: "run" });
+  });
+
+  test("the command ran to its end in this boot: wait for the machine to restart", () => {
+    expect(decideOsUpdate(input({ attempt: { version: "13", boot: boot1, finished: true } }))).toMatchObject({ next: "wait" });
+  });
+
+  test("the machine restarted and runs the old version: rolled back, failed for good (gardener-node-agent's words), whether or not the command had returned", () => {
+    for (const finished of [true, false]) {
+      expect(decideOsUpdate(input({ boot: boot2, attempt: { version: "13", boot: boot1, finished } }))).toEqual({ next: "fail", why: rolledBack("13", "12"), told: false });
+    }
+    expect(rolledBack("13", "12")).toBe('OS update might have failed and rolled back to the previous version. Desired version: "13", Current version: "12"');
+  });
+
+  test("the agent stopped while the command ran, the machine did not restart: run it again", () => {
+    expect(decideOsUpdate(input({ attempt: { version: "13", boot: boot1, finished: false } }))).toMatchObject({ next: "run", again: expect.stringContaining("agent stopped") });
+  });
+
+  test("a failed attempt is not run again for the same version; told once the Node carries its reason", () => {
+    const attempt = { version: "13", boot: boot1, finished: false, failed: "the command failed" };
+    expect(decideOsUpdate(input({ attempt }))).toEqual({ next: "fail", why: "the command failed", told: false });
+    expect(decideOsUpdate(input({ attempt, boot: boot2, node: { updating: "13", failedReason: "the command failed" } }))).toEqual({ next: "fail", why: "the command failed", told: true });
+  });
+
+  test("no record of trellis's, the Node marked for this version (gardener-node-agent's attempt, or state lost): its reason, or rolled back", () => {
+    expect(decideOsUpdate(input({ node: { updating: "13", failedReason: "OS update has failed" } }))).toEqual({ next: "fail", why: "OS update has failed", told: true });
+    expect(decideOsUpdate(input({ node: { updating: "13.0" } }))).toEqual({ next: "fail", why: rolledBack("13", "12"), told: false });
+  });
+});
+
+describe("running the OS extension's command", () => {
+  const dir = mkdtempSync(`${tmpdir()}/trellis-os-update-`);
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const fast = { intervalMs: 20, timeoutMs: 2_000, retriable: /network problems/i };
+  /** A command that fails `failures` times with `output`, then succeeds; counts its runs in a file. */
+  function flaky(name: string, failures: number, output: string): { path: string; runs: () => number } {
+    const count = `${dir}/${name}.runs`;
+    writeFileSync(count, "");
+    const path = `${dir}/${name}.sh`;
+    writeFileSync(path, `#!/bin/sh\necho run >> ${count}\n[ "$(wc -l < ${count})" -gt ${failures} ] && exit 0\necho "${output}" >&2\nexit 1\n`, { mode: 0o755 });
+    return { path, runs: () => readFileSync(count, "utf8").split("\n").filter(Boolean).length };
+  }
+
+  test("network problems are retried until the command succeeds", async () => {
+    const cmd = flaky("network", 2, "error: Network Problems reaching the image registry");
+    expect(await runOsUpdate(cmd.path, [], new AbortController().signal, fast)).toEqual({ ok: true });
+    expect(cmd.runs()).toBe(3);
+  });
+
+  test("any other failure ends it at once, naming the command, its exit and its output", async () => {
+    const cmd = flaky("invalid", 5, "invalid arguments: --to 13");
+    const r = await runOsUpdate(cmd.path, ["--to", "13"], new AbortController().signal, fast);
+    const failed = "failed" in r ? r.failed : "";
+    expect(failed).toContain(`failed to execute OS update command ${cmd.path} --to 13`);
+    expect(failed).toContain("invalid arguments: --to 13");
+    expect(cmd.runs()).toBe(1);
+  });
+
+  test("network problems past the retries' time fail it", async () => {
+    const cmd = flaky("timeout", 1000, "network problems");
+    const r = await runOsUpdate(cmd.path, [], new AbortController().signal, { ...fast, timeoutMs: 100 });
+    expect("failed" in r ? r.failed : "").toContain("network problems");
+    expect(cmd.runs()).toBeGreaterThan(1);
+  });
+
+  test("the agent stopping ends the command and says so: not a failure (the command may be restarting the machine)", async () => {
+    const stop = new AbortController();
+    const started = performance.now();
+    const run = runOsUpdate("/bin/sleep", ["30"], stop.signal, fast);
+    setTimeout(() => stop.abort(new Error("the agent is stopping")), 50);
+    expect(await run).toEqual({ stopped: true });
+    expect(performance.now() - started).toBeLessThan(5_000);
+  });
+});
+
+test("this boot of the machine: the kernel's boot id and when PID 1 started, the same on every reading", () => {
+  const boot = machineBoot();
+  expect(boot).toMatch(/^[0-9a-f-]{36}\/\d+$/);
+  expect(machineBoot()).toBe(boot);
+});
