@@ -109,6 +109,8 @@ export async function ensureAgentCredentials(o: {
   waitMs: number;
   hostName: string;
   env?: Record<string, string | undefined>;
+  /** Ends the wait for the CSR at once (the agent stopping): rejects with the signal's reason, the pending request kept. */
+  signal?: AbortSignal;
 }): Promise<boolean> {
   const { config, files, log } = o;
   // The agent uses such a kubeconfig as it is (src/kube/connection.ts): nothing to request for it.
@@ -117,9 +119,11 @@ export async function ensureAgentCredentials(o: {
     log.info("the agent is given a kubeconfig; no client certificate is requested", { kubeconfig: explicit });
     return false;
   }
-  const problem = kubeconfigProblem(await readText(files, paths.kubeconfig), Date.now());
+  const current = await readText(files, paths.kubeconfig);
+  const problem = kubeconfigProblem(current, Date.now());
   if (problem === undefined) {
     log.info("the agent's kubeconfig is valid; no client certificate is requested", { kubeconfig: paths.kubeconfig });
+    await removeSettledRequest(files, current, log);
     return false;
   }
   const server = config.apiServer.server;
@@ -138,7 +142,7 @@ export async function ensureAgentCredentials(o: {
   const request = await pendingRequest(files, machine, log);
   let certPem: string;
   try {
-    certPem = await requestClientCertificate({ kube, request, log, waitMs: o.waitMs });
+    certPem = await requestClientCertificate({ kube, request, log, waitMs: o.waitMs, ...(o.signal ? { signal: o.signal } : {}) });
   } catch (err) {
     // A CSR that timed out may still be approved: the next run waits for it again. Any other end is final.
     if (err instanceof CsrError && err.reason !== "timeout") await files.remove(pendingRequestPath);
@@ -150,6 +154,27 @@ export async function ensureAgentCredentials(o: {
   const cert = readClientCertificate(kubeconfig);
   log.info("wrote the agent's kubeconfig", { kubeconfig: paths.kubeconfig, csr: request.name, user: cert?.commonName, notAfter: cert?.notAfter.toISOString() });
   return true;
+}
+
+/**
+ * The pending request whose certificate the kubeconfig holds already (a run ended between writing the
+ * kubeconfig and removing the request): removed, or the next renewal would resume it and get the same
+ * certificate back.
+ */
+async function removeSettledRequest(files: Files, kubeconfig: string | undefined, log: Logger): Promise<void> {
+  const pending = await readText(files, pendingRequestPath);
+  if (pending === undefined || kubeconfig === undefined) return;
+  const keyPem = (() => {
+    try {
+      return (JSON.parse(pending) as { keyPem?: unknown }).keyPem;
+    } catch {
+      return undefined;
+    }
+  })();
+  if (typeof keyPem === "string" && readClientCertificate(kubeconfig)?.keyPem.trim() === keyPem.trim()) {
+    await files.remove(pendingRequestPath);
+    log.info("removed the certificate request the kubeconfig was issued for", { pending: pendingRequestPath });
+  }
 }
 
 /**

@@ -67,12 +67,28 @@ export async function run(args: string[]): Promise<number> {
   const lock = await lockStateDir(stateLockPath, "run");
   const notify = startSystemdNotify({ log });
   const files = await withKnownHashes(createFiles("/"), { path: paths.knownHashes, log });
-  const connection = connectionFor(config, process.env, existsSync);
-  // A client certificate that expired while the machine was off cannot renew itself (the certificate
-  // controller renews with it): a new one is requested with the bootstrap token, as `bootstrap` would,
-  // or the agent ends saying what an operator must do.
-  if (connection.kind === "kubeconfig" && connection.path === paths.kubeconfig) {
-    await ensureAgentCredentials({ config, files, log, waitMs: defaultWaitMs, hostName });
+  // SIGTERM is a graceful stop from here on, the wait for a client certificate included.
+  let stopFor: (reason: string) => void = () => {};
+  const stopRequested = new Promise<string>((done) => (stopFor = done));
+  for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
+  const stopping = new AbortController();
+  void stopRequested.then((reason) => stopping.abort(new Error(`the agent is stopping (${reason})`)));
+  let connection = connectionFor(config, process.env, existsSync);
+  // Its own client certificate, as gardener-node-agent gets it: requested with the bootstrap token when
+  // there is no kubeconfig yet, or when its certificate expired while the machine was off (it cannot
+  // renew itself with it); without a bootstrap token the agent ends saying what an operator must do.
+  if (connection.kind === "token-file" || connection.path === paths.kubeconfig) {
+    try {
+      await ensureAgentCredentials({ config, files, log, waitMs: defaultWaitMs, hostName, signal: stopping.signal });
+    } catch (err) {
+      if (!stopping.signal.aborted) throw err;
+      // Nothing to undo: the pending request (written atomically before the CSR) is resumed at the next start.
+      log.info("trellis stopping", { reason: await stopRequested, while: "waiting for its client certificate" });
+      notify.close();
+      lock.release();
+      return 0;
+    }
+    connection = { kind: "kubeconfig", path: paths.kubeconfig };
   }
   const kube = kubeFromConnection(connection);
   if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
@@ -104,8 +120,6 @@ export async function run(args: string[]): Promise<number> {
     if (!name || name === lastNodeName) return;
     await files.writeAtomic(paths.nodeName, `${name}\n`, 0o644).catch((err: unknown) => log.warn("could not remember the Node's name", { path: paths.nodeName, error: err }));
   });
-  let stopFor: (reason: string) => void = () => {};
-  const stopRequested = new Promise<string>((done) => (stopFor = done));
 
   // What the OSC controller and the two that work alongside it (rollouts, drift) all use.
   const shared = { kube, files, systemd, store, events, node, status, log, secretName: controllers.operatingSystemConfig.secretName };
@@ -137,7 +151,7 @@ export async function run(args: string[]): Promise<number> {
     rollout,
     osc,
     startDriftController({ ...shared, metrics, osc, selfUnit: agentUnit, config: controllers.drift }),
-    startBootstrapCredentialsCleanup({ files, node, store, log, bootstrapTokenInUse: connection.kind === "token-file" }),
+    startBootstrapCredentialsCleanup({ files, node, store, log }),
     startLeaseController({ kube, node, log, metrics, status }),
     tokens,
     startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
@@ -147,7 +161,6 @@ export async function run(args: string[]): Promise<number> {
     startSecretNameFollower({ node, files, configFile: file, secretName: controllers.operatingSystemConfig.secretName, log, restartSelf: stopFor }),
     ...(certificate ? [certificate] : []),
   ];
-  for (const s of ["SIGTERM", "SIGINT"] as const) process.once(s, () => stopFor(s));
   const reloadLogLevel = () => reloadLevel(configDir, log);
   process.on("SIGHUP", reloadLogLevel);
   const reason = await stopRequested;

@@ -15,15 +15,14 @@ export type BootstrapCredentialsDeps = {
   node: NodeSource;
   store: StateStore;
   log: Logger;
-  /** The agent itself authenticates with the bootstrap token (no kubeconfig yet): it must stay. */
-  bootstrapTokenInUse: boolean;
   /** How often the conditions are looked at while credentials remain (default 5 s, as gardener-node-agent requeues). */
   intervalMs?: number;
 };
 
 export function startBootstrapCredentialsCleanup(deps: BootstrapCredentialsDeps): Controller {
   const log = deps.log.with({ controller: "bootstrap-credentials" });
-  const targets = deps.bootstrapTokenInUse ? [kubelet.bootstrapKubeconfig] : [kubelet.bootstrapKubeconfig, paths.bootstrapToken];
+  // The agent never authenticates with the token itself: it runs with its own client certificate.
+  const targets = [kubelet.bootstrapKubeconfig, paths.bootstrapToken];
   let timer: ReturnType<typeof setTimeout> | undefined;
   let stopped = false;
   let waitingFor = "";

@@ -102,17 +102,19 @@ function tokenFileAuthenticator(files: Map<string, string>) {
 export const requestTimeoutMs = 30_000;
 
 /**
- * A client-node API client for `kube` whose every request is aborted after `timeoutMs` and says it
- * comes from trellis (User-Agent). Use this instead of KubeConfig.makeApiClient.
+ * A client-node API client for `kube` whose every request is aborted after `timeoutMs`, or at once when
+ * `signal` aborts (the agent stopping: a request in flight must not keep the process alive), and says
+ * it comes from trellis (User-Agent). Use this instead of KubeConfig.makeApiClient.
  */
-export function apiClient<T>(kube: Kube, Api: new (config: Configuration) => T, timeoutMs = requestTimeoutMs): T {
+export function apiClient<T>(kube: Kube, Api: new (config: Configuration) => T, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): T {
+  const timeoutMs = opts.timeoutMs ?? requestTimeoutMs;
   const config = createConfiguration({
     baseServer: new ServerConfiguration(kube.server, {}),
     authMethods: { default: kube.config },
     middleware: [
       {
         pre: (ctx) => {
-          ctx.setSignal(AbortSignal.timeout(timeoutMs));
+          ctx.setSignal(opts.signal ? AbortSignal.any([AbortSignal.timeout(timeoutMs), opts.signal]) : AbortSignal.timeout(timeoutMs));
           ctx.setHeaderParam("User-Agent", `trellis/${version}`);
           return new Observable(Promise.resolve(ctx));
         },

@@ -127,7 +127,7 @@ export type RequestOptions = {
   log: Logger;
   waitMs?: number;
   pollMs?: number;
-  /** Aborts the wait (the agent stopping); the request then rejects with the signal's reason. */
+  /** Aborts the request and the wait (the agent stopping) at once, a request in flight too; it then rejects with the signal's reason. */
   signal?: AbortSignal;
   now?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
@@ -146,7 +146,7 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
   const sleep = opts.sleep ?? abortableSleep;
   const signal = opts.signal ?? new AbortController().signal;
   let polls = 0;
-  const api = apiClient(kube, CertificatesV1Api);
+  const api = apiClient(kube, CertificatesV1Api, { signal });
   const name = request.name;
   const requestB64 = Buffer.from(request.requestPem).toString("base64");
   const ctx = (what: string) => ({ server: kube.server, caSource: kube.caSource, what });
@@ -165,6 +165,7 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
     uid = created.metadata?.uid;
     log.info("created the CertificateSigningRequest", fields);
   } catch (err) {
+    if (signal.aborted) throw signal.reason;
     const e = explainKubeError(err, ctx(`creating CertificateSigningRequest ${name}`));
     if (e.reason !== "conflict") throw e;
     log.info("the CertificateSigningRequest exists already (a resumed request)", fields);
@@ -180,6 +181,7 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
     try {
       csr = await api.readCertificateSigningRequest({ name });
     } catch (err) {
+      if (signal.aborted) throw signal.reason;
       const e = explainKubeError(err, ctx(`reading CertificateSigningRequest ${name}`));
       if (e.reason === "not-found") throw new CsrError(`CertificateSigningRequest ${name} was deleted before a certificate was issued`, name, "deleted");
       // The server restarting or a blip on the way: keep waiting until the deadline.

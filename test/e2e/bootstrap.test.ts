@@ -355,6 +355,68 @@ describe("a CSR that is not approved", () => {
   }, 60_000);
 });
 
+describe("the agent started with only a bootstrap token (gardener-node-agent's own flow)", () => {
+  /** The agent's JSON lines of process `pid`. */
+  async function agentSaid(node: Node, pid: string): Promise<{ msg: string; reason?: string; while?: string }[]> {
+    const out = await node.execOk(["journalctl", "-u", agentUnit, "-o", "cat", "--no-pager", `_PID=${pid}`]);
+    return out.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+  }
+  const waitingPid = (node: Node) =>
+    waitFor("the agent waiting for its CSR", async () => {
+      const pid = (await unitState(node, agentUnit)).MainPID as string;
+      return pid !== "0" && (await agentSaid(node, pid)).some((l) => l.msg === "waiting for the CertificateSigningRequest to be approved") ? pid : undefined;
+    }, 60_000, 100);
+
+  test("it requests its certificate and waits; SIGTERM ends the wait at once, the pending request intact; the next start waits for the same CSR; a denied one is replaced by a new CSR; approved, the agent runs as the machine's user", async () => {
+    const { node, token, user } = await prepareNode("sigcsr");
+    await node.writeFile(`/etc/systemd/system/${agentUnit}`, agentUnitContent({ configDir: base, restartSec: 1 }));
+    await node.execOk(["systemctl", "daemon-reload"]);
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const csr = await waitForCsr(cluster, `a CSR from ${token.user}`, (c) => c.spec.username === token.user);
+    const name = csr.metadata?.name as string;
+    const pid = await waitingPid(node);
+    const pending = await node.readFile(pendingPath);
+
+    const started = performance.now();
+    await node.execOk(["systemctl", "stop", agentUnit]);
+    const seconds = (performance.now() - started) / 1000;
+    console.log(`[bootstrap] stop while the agent waits for its CSR: ${seconds.toFixed(2)} s`);
+    expect(seconds).toBeLessThan(2);
+    // It ended by itself after a graceful stop, not by systemd's SIGKILL or its own signal.
+    expect(await unitState(node, agentUnit)).toMatchObject({ Result: "success", ActiveState: "inactive" });
+    expect((await node.execOk(["systemctl", "show", "-P", "ExecMainStatus", agentUnit])).trim()).toBe("0");
+    await waitFor("its stop logged", async () => (await agentSaid(node, pid)).some((l) => l.msg === "trellis stopping" && l.while === "waiting for its client certificate"), 10_000, 100);
+    // Nothing half-written: the same request, 0600, no kubeconfig, no temp file beside them.
+    expect(await node.readFile(pendingPath)).toBe(pending);
+    expect(await modeOf(node, pendingPath)).toBe("600");
+    expect(await exists(node, kubeconfigPath)).toBe(false);
+    expect((await node.execOk(["ls", "-A", `${base}/credentials`])).trim().split("\n").sort()).toEqual(["bootstrap-token", "csr-pending.json"]);
+
+    // Started again: the same CSR, no second one.
+    await node.execOk(["systemctl", "start", "--no-block", agentUnit]);
+    const again = await waitingPid(node);
+    expect((await agentSaid(node, again)).map((l) => l.msg)).toEqual(expect.arrayContaining(["resuming the pending certificate request", "the CertificateSigningRequest exists already (a resumed request)"]));
+    expect((await csrsOf(token.user)).map((c) => c.metadata?.name)).toEqual([name]);
+
+    // Denied: the agent fails, its request goes, and systemd's next start asks anew.
+    await decideCsr(cluster, name, "Denied", "TestDenied", "denied by bootstrap.test.ts");
+    const second = await waitForCsr(cluster, "a new CSR after the denial", (c) => c.spec.username === token.user && c.metadata?.name !== name);
+    expect(await node.execOk(["journalctl", "-u", agentUnit, "-o", "cat", "--no-pager", `_PID=${again}`])).toContain(`trellis run: CertificateSigningRequest ${name} was denied: reason TestDenied`);
+    await decideCsr(cluster, second.metadata?.name as string, "Approved", "TestApproved", "approved by bootstrap.test.ts");
+    await waitFor("the agent ready (its first reconcile finished)", async () => (await unitState(node, agentUnit)).ActiveState === "active", 60_000, 200);
+    expect(readClientCertificate(await node.readFile(kubeconfigPath))?.commonName).toBe(user);
+    expect(await exists(node, pendingPath)).toBe(false);
+    // It runs as itself: its Lease written as the machine's user; the bootstrap token only ever asked for CSRs.
+    const leases = cluster.admin().makeApiClient(CoordinationV1Api);
+    await waitFor("the agent's Lease", () => leases.readNamespacedLease({ name: `gardener-node-agent-${node.name}`, namespace: "kube-system" }), 30_000, 200);
+    const audit = readFileSync(cluster.auditLog, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as { verb: string; user: { username: string }; objectRef?: { resource?: string; name?: string } });
+    const leaseWriters = audit.filter((e) => e.objectRef?.resource === "leases" && e.objectRef.name === `gardener-node-agent-${node.name}` && e.verb !== "get").map((e) => e.user.username);
+    expect(new Set(leaseWriters)).toEqual(new Set([user]));
+    expect(new Set(audit.filter((e) => e.user.username === token.user).map((e) => e.objectRef?.resource))).toEqual(new Set(["certificatesigningrequests"]));
+    await node.execOk(["systemctl", "stop", agentUnit]);
+  }, 180_000);
+});
+
 describe("renewal by the running agent", () => {
   test("a certificate past 80 % of its life is renewed through a CSR made with it; the agent goes on, without a restart, with the new one", async () => {
     const { node, user, metricsPort } = await prepareNode("renew", { token: false });

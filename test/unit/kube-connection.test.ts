@@ -88,11 +88,18 @@ test("a server that accepts but never answers cannot stall a caller: the request
   try {
     const kube = kubeFromConnection({ kind: "token-file", server: `https://127.0.0.1:${port}`, ca: { file: `${dir}/ca.crt` }, tokenFile: `${dir}/token` });
     const t0 = performance.now();
-    const err = await apiClient(kube, CoreV1Api, 300).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
+    const err = await apiClient(kube, CoreV1Api, { timeoutMs: 300 }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
     expect(performance.now() - t0).toBeLessThan(5_000);
     const explained = explainKubeError(err, { server: kube.server, caSource: "x", what: "reading Node n" });
     expect(explained.message).toContain("no answer");
     expect(explained.reason).toBe("unreachable");
+    // The agent stopping ends a request in flight at once, long before its timeout.
+    const stop = new AbortController();
+    const t1 = performance.now();
+    const pending = apiClient(kube, CoreV1Api, { signal: stop.signal }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
+    setTimeout(() => stop.abort(new Error("stopping")), 100);
+    expect(await pending).toBeDefined();
+    expect(performance.now() - t1).toBeLessThan(2_000);
   } finally {
     for (const s of sockets) s.destroy();
     silent.close();
