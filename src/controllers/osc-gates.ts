@@ -14,6 +14,8 @@
 //     admission: there is nothing running to disrupt, and holding a new node back only delays capacity.
 //   - "current": this OSC is what is applied: it is re-ensured at once, without any gate.
 import { parseGoDuration } from "../api/duration.ts";
+import type { SerialHoldState } from "../api/serial-hold.ts";
+import { type BootClockReading, elapsedBetween } from "../host/boot-clock.ts";
 
 export type NodeKind = "update" | "fresh" | "current";
 
@@ -63,25 +65,31 @@ export function firstHold(gates: Gates, o: { delayLeftMs: number; coolOffLeftMs:
 }
 
 /**
- * A failing apply's hold on the serial lease, measured on the monotonic clock. An agent that restarts
- * starts a new hold (its monotonic clock starts over); a holder that stops renewing loses the lease when
- * it expires anyway.
+ * A failing apply's hold on the serial lease, from the start of its first failing apply, measured as the
+ * reconciliation delay is (src/host/boot-clock.ts): kept across agent restarts (src/api/serial-hold.ts),
+ * so that an agent in a crash loop does not start a new hold at every start.
  */
-export type SerialHold = { checksum: string; sinceMs: number; failures: number; lastError: string };
+export type SerialHold = NonNullable<SerialHoldState["hold"]>;
+export type SerialGaveUp = NonNullable<SerialHoldState["gaveUp"]>;
 
 /**
  * Whether a node whose apply failed (again) gives the serial lease up. It keeps it while within the
  * limit, so that a bad change stops at the first node; past it, the failure may be this node's own
  * (a broken disk, a full /var), and the pool's rollout must not wait for it forever.
  */
-export function giveUpSerialLease(hold: SerialHold, nowMs: number, limitMs: number): boolean {
-  return nowMs - hold.sinceMs >= limitMs;
+export function giveUpSerialLease(hold: SerialHold, now: BootClockReading, limitMs: number): boolean {
+  return elapsedBetween(hold.since, now) >= limitMs;
+}
+
+/** The hold after another failed apply of `checksum` that started at `started`: the same hold, or a new one for a new OSC. */
+export function holdAfterFailure(hold: SerialHold | undefined, checksum: string, started: BootClockReading, error: string): SerialHold {
+  return hold?.checksum === checksum ? { ...hold, failures: hold.failures + 1, lastError: error } : { checksum, since: started, failures: 1, lastError: error };
 }
 
 /**
  * After giving the lease up for `checksum`, a node waits this long before asking for it again, so that the
  * nodes waiting for their turn (they ask every few seconds) take it first.
  */
-export function serialCoolOffLeft(gaveUp: { checksum: string; atMs: number } | undefined, checksum: string, nowMs: number, coolOffMs: number): number {
-  return gaveUp?.checksum === checksum ? Math.max(0, gaveUp.atMs + coolOffMs - nowMs) : 0;
+export function serialCoolOffLeft(gaveUp: SerialGaveUp | undefined, checksum: string, now: BootClockReading, coolOffMs: number): number {
+  return gaveUp?.checksum === checksum ? Math.max(0, coolOffMs - elapsedBetween(gaveUp.at, now)) : 0;
 }

@@ -30,7 +30,8 @@ import { createSerialGate, isSerialRollout, type SerialGate } from "../kube/seri
 import { watchSecretRefs } from "../kube/secret-refs.ts";
 import { watchObjects } from "../kube/watch.ts";
 import type { OscWorkDeps } from "./types.ts";
-import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, holdAfterFailure, parseDelay, type SerialHold, serialCoolOffLeft } from "./osc-gates.ts";
+import { type SerialHoldState, SerialHoldStateSchema, serialHoldPath } from "../api/serial-hold.ts";
 import { backoffDelay, monotonicMs } from "../time.ts";
 import { singleFlight } from "../loops.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
@@ -132,9 +133,19 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const note = (checksum: string) => (seen?.checksum === checksum ? seen : (seen = { checksum, reported: new Set() }));
   // When this node first saw the OSC, for the reconciliation delay (persisted: a restart does not restart the wait).
   let firstSeen: DelayStart | undefined;
-  // The serial lease while an apply under it keeps failing, and the OSC this node gave the lease up for.
-  let serialHold: SerialHold | undefined;
-  let serialGaveUp: { checksum: string; atMs: number } | undefined;
+  // The serial lease while an apply under it keeps failing, and the OSC this node gave the lease up for:
+  // persisted (a crash loop must not start them over), read once, then kept here too.
+  const serialHolds = jsonStore(deps.files, serialHoldPath, SerialHoldStateSchema, (): SerialHoldState => ({ version: 1 }));
+  let serial: SerialHoldState | undefined;
+  const serialState = async (): Promise<SerialHoldState> =>
+    (serial ??= await serialHolds.read().catch((err: unknown) => {
+      log.warn("could not read the serial lease's hold; starting it over", { path: serialHoldPath, error: describeError(err) });
+      return { version: 1 as const };
+    }));
+  const saveSerial = async (next: SerialHoldState) => {
+    serial = next;
+    await serialHolds.write(next);
+  };
   let failures = 0;
   let stopped = false;
   // A long image download must not hold up the agent's shutdown.
@@ -338,7 +349,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const gates = gatesFor({ checksum, stateApplied: state.lastApplied?.checksum, nodeApplied: nodeAppliedChecksum(current), serial: isSerialRollout(secret) });
     const hold = firstHold(gates, {
       delayLeftMs: gates.delay ? delayRemaining(current, checksum) : 0,
-      coolOffLeftMs: serialCoolOffLeft(serialGaveUp, checksum, now(), settings.serialHoldLimitMs),
+      coolOffLeftMs: gates.serial ? serialCoolOffLeft((await serialState()).gaveUp, checksum, bootClock(), settings.serialHoldLimitMs) : 0,
     });
     if (hold) {
       log.info(hold.message, { checksum, remainingMs: Math.round(hold.ms) });
@@ -377,6 +388,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     }
 
     const started = now();
+    const startedBoot = bootClock();
     // Unit jobs can take minutes: keep the 600 s lease fresh while applying.
     const renewal = gate
       ? setInterval(() => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: describeError(err) })), 60_000)
@@ -400,11 +412,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (!outcome.complete) {
       status.lastResult = "failed";
       status.lastError = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
+      // The hold first: an agent killed while it reports must not lose it.
+      const hold = gate ? holdAfterFailure((await serialState()).hold, checksum, startedBoot, status.lastError) : undefined;
+      if (hold) await saveSerial({ ...(await serialState()), hold });
       await reportFailure(deps.node.current(), checksum, outcome);
-      if (gate) {
-        serialHold = serialHold?.checksum === checksum ? { ...serialHold, failures: serialHold.failures + 1, lastError: status.lastError } : { checksum, sinceMs: started, failures: 1, lastError: status.lastError };
-        if (giveUpSerialLease(serialHold, now(), settings.serialHoldLimitMs)) return giveUpLease(gate, identity, serialHold, settings.serialHoldLimitMs);
-      }
+      if (gate && hold && giveUpSerialLease(hold, bootClock(), settings.serialHoldLimitMs)) return giveUpLease(gate, identity, hold, settings.serialHoldLimitMs);
       return retryWait("a failed apply"); // the serial lease stays ours: the rollout stops here
     }
     if (hasInPlaceChanges(inPlaceWork.value)) {
@@ -415,8 +427,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
       if (wait) return wait;
     }
     failures = 0;
-    serialHold = undefined;
-    serialGaveUp = undefined;
+    const held = await serialState();
+    if (held.hold || held.gaveUp) await saveSerial({ version: 1 });
     status.lastResult = "applied";
     status.lastError = undefined;
     for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
@@ -502,10 +514,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
    */
   async function giveUpLease(gate: SerialGate, identity: string, hold: SerialHold, limitMs: number): Promise<Wait> {
     await gate.release();
-    serialHold = undefined;
-    serialGaveUp = { checksum: hold.checksum, atMs: now() };
+    const at = bootClock();
+    await saveSerial({ version: 1, gaveUp: { checksum: hold.checksum, at } });
     serialGivenUp.inc();
-    const heldFor = formatElapsed(now() - hold.sinceMs);
+    const heldFor = formatElapsed(elapsedBetween(hold.since, at));
     const message =
       `${identity} held the serial lease kube-system/${deps.secretName} for ${heldFor} (hold limit ${formatDuration(limitMs)}) ` +
       `and failed ${hold.failures} apply attempt(s) of OSC ${hold.checksum.slice(0, 12)}; gave it up so the next node can go on, ` +

@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { CoordinationV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
-import { type AgentNode, nodeEvents, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
+import { type AgentNode, mainPid, nodeEvents, putOscSecret, readNode, startAgentNode, waitApplied } from "../harness/agent.ts";
 import { waitFor } from "../harness/exec.ts";
 import { forbiddenRequests, installAdmissionPolicy } from "../harness/admission-policy.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
@@ -121,6 +121,63 @@ test("a node whose apply keeps failing gives the serial lease up after the hold 
   await broken.node.execOk(["rm", "-f", breakDropIn]);
   await broken.node.execOk(["systemctl", "daemon-reload"]);
 }, 120_000);
+
+test("in a crash loop too: the hold limit counts across the broken agent's restarts, it gives the lease up, and its cool-off survives a restart", async () => {
+  const [broken, ...others] = nodes as [AgentNode, ...AgentNode[]];
+  const unit = "gardener-node-agent.service";
+  const leases = cluster.admin().makeApiClient(CoordinationV1Api);
+  const holder = async () => (await leases.readNamespacedLease({ name: secretName, namespace: "kube-system" }).catch(() => undefined))?.spec?.holderIdentity ?? "";
+  let checksum = "";
+  /** The agent's log messages about this test's OSC, of process `pid`. */
+  const said = async (pid: number) =>
+    (await broken.node.execOk(["journalctl", "-u", unit, "-o", "cat", "--no-pager", `_PID=${pid}`]))
+      .split("\n")
+      .filter((l) => l.startsWith("{"))
+      .map((l) => JSON.parse(l) as { msg: string; checksum?: string })
+      .filter((l) => l.checksum === checksum)
+      .map((l) => l.msg);
+  const newPid = (old: number) => waitFor("the agent started again", async () => ((await mainPid(broken, unit)) || old) !== old ? mainPid(broken, unit) : undefined, 30_000, 50);
+  // The others wait, stopped, until the broken node holds the lease: it goes first, and would block them.
+  await Promise.all(others.map((n) => n.node.execOk(["systemctl", "stop", unit])));
+  await broken.node.writeFile(breakDropIn, "[Service]\nExecStartPre=/bin/false\n", 0o644);
+  // The test's crash loop (RestartSec=1) is faster than systemd's default start rate limit allows.
+  await broken.node.writeFile(`/etc/systemd/system/${unit}.d/no-start-limit.conf`, "[Unit]\nStartLimitIntervalSec=0\n", 0o644);
+  await broken.node.execOk(["systemctl", "daemon-reload"]);
+  const limitS = 6;
+  checksum = await putOscSecret(cluster, secretName, osc(5), { ...serial, "rollout.trellis.dev/serial-hold-limit": `${limitS}s` });
+  await waitFor("the broken node holding the lease", async () => (await holder()) === broken.name, 30_000, 50);
+  await Promise.all(others.map((n) => n.node.execOk(["systemctl", "start", "--no-block", unit])));
+
+  // Every failed apply ends in a crash: each process sees at most one failure, far less than the limit.
+  const givenUp = async () => (await nodeEvents(broken)).find((e) => e.reason === "SerialLeaseGivenUp" && e.message?.includes(`OSC ${checksum.slice(0, 12)}`));
+  let pid = await mainPid(broken, unit);
+  let crashes = 0;
+  for (;;) {
+    const failed = await waitFor("a failed apply, or the lease given up", async () => ((await said(pid)).includes("OSC apply incomplete") ? "failed" : (await givenUp()) ? "given up" : undefined), 60_000, 50);
+    if (failed === "given up" || (await said(pid)).some((m) => m.startsWith("gave up the serial lease"))) break;
+    // An agent that starts its hold over at every start never reaches the limit: the loop would not end.
+    if (crashes === 12) throw new Error(`the lease was not given up after ${crashes} crashes, ${limitS} s hold limit`);
+    await broken.node.execOk(["systemctl", "kill", "-s", "KILL", unit]);
+    crashes++;
+    pid = await newPid(pid);
+  }
+  // Crashed once more right after giving it up (well within the cool-off, as long as the limit): the new
+  // process keeps to the cool-off instead of asking for the lease again.
+  await broken.node.execOk(["systemctl", "kill", "-s", "KILL", unit]);
+  const after = await newPid(pid);
+  await waitFor("the restarted agent keeping to the cool-off", async () => (await said(after)).includes("gave up the serial lease for this OSC: letting the waiting nodes go first"), 30_000, 100);
+
+  const given = await waitFor("the SerialLeaseGivenUp event", givenUp, 30_000, 100);
+  console.log(`[agent-serial] crash loop: ${crashes} crashes before the lease was given up: ${given.message}`);
+  expect(crashes).toBeGreaterThanOrEqual(2);
+  const heldS = Number(/held the serial lease \S+ for (\d+(?:\.\d+)?)s/.exec(given.message ?? "")?.[1]);
+  expect(heldS).toBeGreaterThanOrEqual(limitS);
+  expect(Number(/failed (\d+) apply attempt/.exec(given.message ?? "")?.[1])).toBeGreaterThan(crashes);
+  await Promise.all(others.map((n) => waitApplied(n, checksum, 60_000)));
+
+  await broken.node.execOk(["rm", "-f", breakDropIn, `/etc/systemd/system/${unit}.d/no-start-limit.conf`]);
+  await broken.node.execOk(["systemctl", "daemon-reload"]);
+}, 180_000);
 
 test("the admission policy (and RBAC) refused none of the agents' requests", () => {
   for (const n of nodes) expect({ node: n.name, refused: forbiddenRequests(cluster, n.user) }).toEqual({ node: n.name, refused: [] });

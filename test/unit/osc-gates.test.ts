@@ -1,7 +1,7 @@
 // The OSC controller's gating decisions (src/controllers/osc-gates.ts) and the clock the reconciliation
 // delay is measured by across restarts and reboots (src/host/boot-clock.ts).
 import { describe, expect, test } from "bun:test";
-import { delayLeft, firstHold, gatesFor, giveUpSerialLease, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, holdAfterFailure, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
 import { elapsedBetween } from "../../src/host/boot-clock.ts";
 
 describe("gatesFor: which gates an OSC passes on this node", () => {
@@ -47,17 +47,29 @@ describe("the reconciliation delay", () => {
 });
 
 describe("the serial lease's hold limit", () => {
-  const hold = { checksum: "c", sinceMs: 1000, failures: 3, lastError: "disk full" };
+  const at = (uptimeMs: number, bootId = "b1", wallMs = 1_700_000_000_000 + uptimeMs) => ({ bootId, uptimeMs, wallMs });
+  const hold = { checksum: "c", since: at(1000), failures: 3, lastError: "disk full" };
   test("a failing apply keeps the lease within the limit and gives it up at the limit", () => {
-    expect(giveUpSerialLease(hold, 1000 + 599_999, 600_000)).toBe(false);
-    expect(giveUpSerialLease(hold, 1000 + 600_000, 600_000)).toBe(true);
+    expect(giveUpSerialLease(hold, at(1000 + 599_999), 600_000)).toBe(false);
+    expect(giveUpSerialLease(hold, at(1000 + 600_000), 600_000)).toBe(true);
+  });
+  test("the hold's time runs across agent restarts (the time since boot) and across a reboot (the wall clock), never backwards", () => {
+    // An agent that restarted keeps the hold it read back: only the reading of now is new.
+    expect(giveUpSerialLease(hold, { ...at(1000 + 600_000), wallMs: 0 }, 600_000)).toBe(true);
+    expect(giveUpSerialLease(hold, at(5_000, "b2", hold.since.wallMs + 600_000), 600_000)).toBe(true);
+    expect(giveUpSerialLease(hold, at(5_000, "b2", hold.since.wallMs - 1), 600_000)).toBe(false);
+  });
+  test("another failure of the same OSC keeps the hold's start; another OSC starts a new hold", () => {
+    expect(holdAfterFailure(hold, "c", at(900_000), "still full")).toEqual({ checksum: "c", since: at(1000), failures: 4, lastError: "still full" });
+    expect(holdAfterFailure(hold, "d", at(900_000), "new")).toEqual({ checksum: "d", since: at(900_000), failures: 1, lastError: "new" });
+    expect(holdAfterFailure(undefined, "c", at(7), "first")).toEqual({ checksum: "c", since: at(7), failures: 1, lastError: "first" });
   });
   test("after giving it up, the node waits a cool-off for that OSC only", () => {
-    const gaveUp = { checksum: "c", atMs: 10_000 };
-    expect(serialCoolOffLeft(gaveUp, "c", 15_000, 60_000)).toBe(55_000);
-    expect(serialCoolOffLeft(gaveUp, "c", 70_000, 60_000)).toBe(0);
-    expect(serialCoolOffLeft(gaveUp, "other", 15_000, 60_000)).toBe(0);
-    expect(serialCoolOffLeft(undefined, "c", 15_000, 60_000)).toBe(0);
+    const gaveUp = { checksum: "c", at: at(10_000) };
+    expect(serialCoolOffLeft(gaveUp, "c", at(15_000), 60_000)).toBe(55_000);
+    expect(serialCoolOffLeft(gaveUp, "c", at(70_000), 60_000)).toBe(0);
+    expect(serialCoolOffLeft(gaveUp, "other", at(15_000), 60_000)).toBe(0);
+    expect(serialCoolOffLeft(undefined, "c", at(15_000), 60_000)).toBe(0);
   });
 });
 
