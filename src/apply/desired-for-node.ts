@@ -7,6 +7,7 @@ import {
   type ImageFileResult,
   imageKey,
   imageRefsOf,
+  maxFileBytes,
   resolveDesired,
   secretRefsOf,
 } from "../api/desired.ts";
@@ -14,8 +15,8 @@ import type { Provenance } from "../api/layers.ts";
 import { managesContainerd, type RegistryConfig } from "../api/cri-config.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
-import { containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-defaults.ts";
-import type { Files } from "../host/files.ts";
+import { caCertPath, containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-defaults.ts";
+import { FileError, type Files } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { describeError, type Logger } from "../log.ts";
 import { containerdConfigFile, containerdDesired, hostsTomlPath, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
@@ -116,6 +117,8 @@ const ancestorsOf = (path: string) => path.split("/").slice(1, -1).map((_, i, se
 async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
   const cri = osc.spec.criConfig;
   if (!managesContainerd(cri)) return undefined;
+  const ready = await readyRegistries(cri.containerd.registries ?? [], `${where}.containerd.registries`, inputs);
+  if (ready.errors.length > 0) return { ok: false as const, errors: ready.errors };
   const bytes = await inputs.files.read(containerdConfigFile);
   const current = bytes ? new TextDecoder().decode(bytes) : undefined;
   return containerdDesired(
@@ -123,28 +126,60 @@ async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: 
       criConfig: cri,
       ...(current !== undefined ? { current } : {}),
       defaultConfig: needsDefaultConfig(current) ? (await containerdDefaultConfig({ log: inputs.log })).config : "",
-      readyRegistries: await readyRegistries(cri.containerd.registries ?? [], inputs),
+      readyRegistries: ready.ready,
     },
     where,
   );
 }
 
 // A registry is probed until its hosts.toml was written once; after that a mirror that is briefly
-// down must not take the configuration away again.
-async function readyRegistries(registries: RegistryConfig[], inputs: NodeInputs): Promise<Set<string>> {
+// down must not take the configuration away again. `where`: the registries' field, for errors.
+async function readyRegistries(registries: RegistryConfig[], where: string, inputs: NodeInputs): Promise<{ ready: Set<string>; errors: string[] }> {
   const ready = new Set<string>();
-  for (const r of registries) {
+  const errors: string[] = [];
+  for (const [i, r] of registries.entries()) {
     // A bad upstream has no hosts.toml path to look at; containerdDesired refuses it, naming the field.
     if (r.readinessProbe !== true || upstreamProblem(r.upstream)) continue;
     if (await inputs.files.stat(hostsTomlPath(r.upstream))) {
       ready.add(r.upstream);
       continue;
     }
-    const probe = await probeRegistryHosts(r, probeTimeoutMs);
+    const ca = await readCaCerts(r, `${where}[${i}]`, inputs.files);
+    if ("errors" in ca) {
+      errors.push(...ca.errors);
+      continue;
+    }
+    const probe = ca.missing ? { ready: false as const, error: `its CA file ${ca.missing} does not exist (yet)` } : await probeRegistryHosts(r, probeTimeoutMs, ca.pem);
     if (probe.ready) ready.add(r.upstream);
     else inputs.log.info("registry mirror not ready yet; its hosts.toml waits", { registry: r.upstream, error: probe.error });
   }
-  return ready;
+  return { ready, errors };
+}
+
+/**
+ * The CA files a registry's hosts name (caCerts), read for its readiness probe as any file trellis reads
+ * from the node: through Files, a regular file of at most maxFileBytes (an OSC could name /dev/zero, a
+ * FIFO, or a file of gigabytes). A missing one may be on its way (a file of the OSC): the probe waits.
+ */
+async function readCaCerts(r: RegistryConfig, where: string, files: Files): Promise<{ pem: (string[] | undefined)[]; missing?: string } | { errors: string[] }> {
+  const pem: (string[] | undefined)[] = [];
+  const errors: string[] = [];
+  let missing: string | undefined;
+  for (const [j, host] of (r.hosts ?? []).entries()) {
+    const texts: string[] = [];
+    for (const [k, caCert] of (host.caCerts ?? []).entries()) {
+      const path = caCertPath(r.upstream, caCert);
+      try {
+        const bytes = await files.read(path, { maxBytes: maxFileBytes });
+        if (bytes) texts.push(new TextDecoder().decode(bytes));
+        else missing ??= path;
+      } catch (err) {
+        errors.push(`${where}.hosts[${j}].caCerts[${k}]: ${err instanceof FileError ? `${path} ${err.reason}` : describeError(err)}`);
+      }
+    }
+    pem.push(texts);
+  }
+  return errors.length > 0 ? { errors } : { pem, ...(missing ? { missing } : {}) };
 }
 
 async function fetchImages(osc: OperatingSystemConfig, inputs: NodeInputs, hostsToml: ReadonlyMap<string, string>): Promise<Map<string, ImageFileResult>> {

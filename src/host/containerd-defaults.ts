@@ -2,10 +2,9 @@
 // gardener-node-agent patches when /etc/containerd/config.toml does not exist yet), containerd's version,
 // and the readiness probe of registry mirrors (hosts.toml is written only once the mirror answers).
 import { execFile } from "node:child_process";
-import { readFile } from "node:fs/promises";
 import http from "node:http";
 import https from "node:https";
-import { isAbsolute, join } from "node:path";
+import { resolve } from "node:path";
 import type { RegistryConfig } from "../api/cri-config.ts";
 import type { Logger } from "../log.ts";
 import { paths } from "../api/paths.ts";
@@ -112,19 +111,18 @@ export function probeRegistry(url: string, timeoutMs: number, opts: { ca?: strin
   });
 }
 
-/** All hosts of a registry answer (gardener-node-agent's readiness rule); CA paths as containerd reads them. */
-export async function probeRegistryHosts(registry: RegistryConfig, timeoutMs: number): Promise<ProbeResult> {
+/** Where containerd reads a host's CA file: the path (normalised), or one relative to the registry's directory. */
+export const caCertPath = (upstream: string, caCert: string): string => resolve(paths.containerdHostsDir, upstream, caCert);
+
+/**
+ * All hosts of a registry answer (gardener-node-agent's readiness rule). `ca[j]`: the PEM texts of host
+ * j's caCerts, read by the caller (bounded, through Files: src/apply/desired-for-node.ts).
+ */
+export async function probeRegistryHosts(registry: RegistryConfig, timeoutMs: number, ca: readonly (string[] | undefined)[] = []): Promise<ProbeResult> {
   let last: ProbeResult = { ready: true, status: 0 };
-  for (const host of registry.hosts ?? []) {
-    let ca: string[] | undefined;
-    if (host.caCerts && host.caCerts.length > 0) {
-      try {
-        ca = await Promise.all(host.caCerts.map((p) => readFile(isAbsolute(p) ? p : join(paths.containerdHostsDir, registry.upstream, p), "utf8")));
-      } catch (err) {
-        return { ready: false, error: `${host.url}: reading its CA: ${err instanceof Error ? err.message : String(err)}` };
-      }
-    }
-    last = await probeRegistry(host.url, timeoutMs, ca ? { ca } : {});
+  for (const [j, host] of (registry.hosts ?? []).entries()) {
+    const pem = ca[j];
+    last = await probeRegistry(host.url, timeoutMs, pem && pem.length > 0 ? { ca: pem } : {});
     if (!last.ready) return last;
   }
   return last;

@@ -58,8 +58,11 @@ export type KnownHashes = (path: string, identity: FileIdentity) => string | und
 export interface Files {
   /** The absolute host directory node paths are mapped under ("/" on a node). */
   readonly root: string;
-  /** Content, or undefined when the path does not exist (any other error throws FileError). */
-  read(path: string): Promise<Uint8Array | undefined>;
+  /**
+   * Content, or undefined when the path does not exist (any other error throws FileError). `maxBytes`:
+   * a larger file (also one that grows past it while read) is a FileError, and no more than that is read.
+   */
+  read(path: string, opts?: { maxBytes?: number }): Promise<Uint8Array | undefined>;
   /** Does not follow a final symlink; undefined when the path does not exist. */
   stat(path: string): Promise<FileStat | undefined>;
   /** sha256 hex of the content, or undefined when missing. */
@@ -229,6 +232,30 @@ async function hashHandle(fh: FileHandle, size?: number): Promise<string> {
     const { bytesRead } = await fh.read(buf, 0, buf.length, null);
     if (bytesRead === 0) return hash.digest("hex");
     hash.update(buf.subarray(0, bytesRead));
+  }
+}
+
+/** The content, refused once it is larger than `maxBytes` (by its size, or by what could be read). */
+async function readAtMost(fh: FileHandle, maxBytes: number): Promise<Uint8Array> {
+  const { size } = await fh.stat();
+  if (size > maxBytes) throw new Error(`is ${size} bytes, more than the limit of ${maxBytes}`);
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const buf = new Uint8Array(Math.min(Math.max(size, 1 << 16), maxBytes + 1 - total));
+    const { bytesRead } = await fh.read(buf, 0, buf.length, null);
+    if (bytesRead === 0) {
+      const out = new Uint8Array(total);
+      let at = 0;
+      for (const c of chunks) {
+        out.set(c, at);
+        at += c.byteLength;
+      }
+      return out;
+    }
+    chunks.push(buf.subarray(0, bytesRead));
+    total += bytesRead;
+    if (total > maxBytes) throw new Error(`grew past the limit of ${maxBytes} bytes while it was read`);
   }
 }
 
@@ -621,7 +648,7 @@ export function createFiles(rootDir = "/"): Files {
   return {
     root,
 
-    read: (path) => readWith("read", path, (fh) => fh.readFile()),
+    read: (path, opts = {}) => readWith("read", path, (fh) => (opts.maxBytes === undefined ? fh.readFile() : readAtMost(fh, opts.maxBytes))),
 
     sha256: (path) => readWith("sha256", path, hashHandle),
 

@@ -217,7 +217,8 @@ function genRegistry(r: Rng): Record<string, unknown> {
       obj({
         url: probe ? "http://127.0.0.1:1" : r.pick(["https://mirror.example", "http://127.0.0.1:1", "mirror.example"]),
         capabilities: maybe(r, 0.4, () => r.subset(["pull", "resolve", "push"])),
-        caCerts: maybe(r, 0.2, () => ["ca.crt"]),
+        // Read for a readiness probe: relative, absolute, through .., and the node's FIFO, directory and escaping symlink.
+        caCerts: maybe(r, 0.2, () => [r.pick(["ca.crt", "/etc/fuzz/file", "/etc/fuzz/fifo", "/etc/fuzz/dir", "/etc/fuzz/escape/ca.crt", "../../../fuzz/file"])]),
         overridePath: maybe(r, 0.2, () => r.chance(0.5)),
       }),
     ),

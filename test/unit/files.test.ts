@@ -90,6 +90,25 @@ describe("round trips", () => {
     expect(readFileSync(`${root}/etc/real`, "utf8")).toBe("real\n");
   });
 
+  test("a bounded read: up to maxBytes is read, a larger file is a FileError naming its size, a FIFO is refused without blocking", async () => {
+    const { root, files } = fresh();
+    await files.writeAtomic("/etc/ca.pem", "x".repeat(100), 0o644);
+    expect(text(await files.read("/etc/ca.pem", { maxBytes: 100 }))).toBe("x".repeat(100));
+    expect(await files.read("/etc/none.pem", { maxBytes: 100 })).toBeUndefined();
+    const big = await fileError(files.read("/etc/ca.pem", { maxBytes: 99 }));
+    expect(big).toMatchObject({ op: "read", path: "/etc/ca.pem", reason: "is 100 bytes, more than the limit of 99" });
+    runOk(["mkfifo", `${root}/etc/fifo`]);
+    const started = performance.now();
+    expect((await fileError(files.read("/etc/fifo", { maxBytes: 100 }))).reason).toBe("is a FIFO, not a regular file");
+    expect(performance.now() - started).toBeLessThan(1000);
+  });
+
+  test("a bounded read of a file with no size to go by (procfs) stops past the limit", async () => {
+    const files = createFiles("/");
+    expect((await files.read("/proc/self/status", { maxBytes: 1 << 20 }))?.byteLength).toBeGreaterThan(100);
+    expect((await fileError(files.read("/proc/self/status", { maxBytes: 10 }))).reason).toBe("grew past the limit of 10 bytes while it was read");
+  });
+
   test("reading a directory is a FileError, not undefined", async () => {
     const { files } = fresh();
     await files.writeAtomic("/d/f", "x", 0o644);
