@@ -52,10 +52,9 @@ export function createOscParser(o: { files: Files; path: string; log: Logger }):
 
 async function readKept(files: Files, path: string, log: Logger): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> {
   try {
-    const st = await files.stat(path);
-    if (!st) return undefined;
-    if (st.size > maxFileBytes) throw new Error(`${st.size} bytes, more than ${maxFileBytes}`);
-    const parsed = v.safeParse(ParsedOscSchema, JSON.parse(new TextDecoder().decode(await files.read(path))));
+    const raw = await files.read(path, { maxBytes: maxFileBytes });
+    if (!raw) return undefined;
+    const parsed = v.safeParse(ParsedOscSchema, JSON.parse(new TextDecoder().decode(raw)));
     if (!parsed.success) throw new Error(v.summarize(parsed.issues));
     return parsed.output;
   } catch (err) {

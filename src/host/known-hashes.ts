@@ -58,10 +58,8 @@ export async function withKnownHashes(files: Files, o: { path: string; log: Logg
 
 async function load(files: Files, path: string, log: Logger): Promise<Record<string, { identity: string; sha256: string }>> {
   try {
-    const st = await files.stat(path);
-    if (!st) return {};
-    if (st.size > maxFileBytes) throw new Error(`${st.size} bytes, more than ${maxFileBytes}`);
-    const raw = await files.read(path);
+    const raw = await files.read(path, { maxBytes: maxFileBytes });
+    if (!raw) return {};
     const parsed = v.safeParse(KnownHashesSchema, JSON.parse(new TextDecoder().decode(raw)));
     if (!parsed.success) throw new Error(v.summarize(parsed.issues));
     return parsed.output.files;

@@ -163,7 +163,7 @@ describe("known hashes, persisted", () => {
     expect(seen.get("/etc/a/f")?.file?.sha256).toBe(sha("F"));
   });
 
-  test.each([["not JSON", "{"], ["a wrong shape", JSON.stringify({ version: 2, files: {} })], ["a bad sha256", JSON.stringify({ version: 1, files: { "/etc/a/f": { identity: "x", sha256: "nope" } } })]])(
+  test.each([["more than 8 MiB", `{"version":1,"files":{}}${" ".repeat(8 << 20)}`], ["not JSON", "{"], ["a wrong shape", JSON.stringify({ version: 2, files: {} })], ["a bad sha256", JSON.stringify({ version: 1, files: { "/etc/a/f": { identity: "x", sha256: "nope" } } })]])(
     "a table with %s is ignored with a warning: every file is read",
     async (_, content) => {
       const { root, files } = fresh();
