@@ -2,7 +2,10 @@
 // directory is read for a registry.
 import { describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
-import { defaultServer, HostsConfigError, hostDirCandidates, loadEndpoints, parseHostsToml, type EndpointConfig } from "../../src/host/registry/hosts.ts";
+import { createFiles } from "../../src/host/files.ts";
+import { defaultServer, HostsConfigError, hostDirCandidates, loadEndpoints, maxHostsFileBytes, parseHostsToml, type EndpointConfig } from "../../src/host/registry/hosts.ts";
+
+const files = createFiles("/");
 import { runDir } from "../harness/exec.ts";
 
 const all = ["pull", "push", "resolve"];
@@ -166,42 +169,42 @@ describe("which directory", () => {
 
   test("nothing configured: the default server", async () => {
     const dir = fresh();
-    const got = await loadEndpoints(dir, "r.example");
+    const got = await loadEndpoints(files, dir, "r.example");
     expect(got.map((e) => [`${e.origin}${e.path}`, e.mirror, e.source])).toEqual([["https://r.example/v2", false, "default"]]);
-    expect(await loadEndpoints(`${dir}/missing`, "r.example")).toHaveLength(1);
+    expect(await loadEndpoints(files, `${dir}/missing`, "r.example")).toHaveLength(1);
   });
 
   test("the registry's own directory wins over _default; _default is used for others", async () => {
     const dir = fresh();
     put(`${dir}/r.example/hosts.toml`, `[host."http://own.example"]\n`);
     put(`${dir}/_default/hosts.toml`, `[host."http://fallback.example"]\n`);
-    expect((await loadEndpoints(dir, "r.example")).map((e) => e.origin)).toEqual(["http://own.example", "https://r.example"]);
-    expect((await loadEndpoints(dir, "other.example")).map((e) => e.origin)).toEqual(["http://fallback.example", "https://other.example"]);
+    expect((await loadEndpoints(files, dir, "r.example")).map((e) => e.origin)).toEqual(["http://own.example", "https://r.example"]);
+    expect((await loadEndpoints(files, dir, "other.example")).map((e) => e.origin)).toEqual(["http://fallback.example", "https://other.example"]);
   });
 
   test("a port: host_port_ first, then host:port", async () => {
     const dir = fresh();
     put(`${dir}/r.example:5000/hosts.toml`, `[host."http://colon.example"]\n`);
-    expect((await loadEndpoints(dir, "r.example:5000")).map((e) => e.origin)).toEqual(["http://colon.example", "https://r.example:5000"]);
+    expect((await loadEndpoints(files, dir, "r.example:5000")).map((e) => e.origin)).toEqual(["http://colon.example", "https://r.example:5000"]);
     put(`${dir}/r.example_5000_/hosts.toml`, `[host."http://underscore.example"]\n`);
-    expect((await loadEndpoints(dir, "r.example:5000")).map((e) => e.origin)).toEqual(["http://underscore.example", "https://r.example:5000"]);
+    expect((await loadEndpoints(files, dir, "r.example:5000")).map((e) => e.origin)).toEqual(["http://underscore.example", "https://r.example:5000"]);
   });
 
   test("a mirror is marked as one (containerd sends it ?ns=); the registry host itself is not", async () => {
     const dir = fresh();
     put(`${dir}/r.example/hosts.toml`, `server = "https://r.example"\n[host."http://m.example"]\n`);
-    expect((await loadEndpoints(dir, "r.example")).map((e) => e.mirror)).toEqual([true, false]);
-    expect((await loadEndpoints(dir, "docker.io")).map((e) => e.mirror)).toEqual([true]); // registry-1.docker.io is not "docker.io"
+    expect((await loadEndpoints(files, dir, "r.example")).map((e) => e.mirror)).toEqual([true, false]);
+    expect((await loadEndpoints(files, dir, "docker.io")).map((e) => e.mirror)).toEqual([true]); // registry-1.docker.io is not "docker.io"
   });
 
   test("CA files are read (relative to the host directory); a missing one is an error naming it", async () => {
     const dir = fresh();
     put(`${dir}/r.example/ca.pem`, "PEM TEXT");
     put(`${dir}/r.example/hosts.toml`, `[host."https://m.example"]\n  ca = "ca.pem"\n`);
-    const [mirror] = await loadEndpoints(dir, "r.example");
+    const [mirror] = await loadEndpoints(files, dir, "r.example");
     expect(mirror?.ca).toEqual(["PEM TEXT"]);
     put(`${dir}/r.example/hosts.toml`, `[host."https://m.example"]\n  ca = ["ca.pem", "gone.pem"]\n`);
-    const err = await loadEndpoints(dir, "r.example").catch((e: unknown) => e);
+    const err = await loadEndpoints(files, dir, "r.example").catch((e: unknown) => e);
     expect(err).toBeInstanceOf(HostsConfigError);
     expect(String(err)).toContain(`${dir}/r.example/gone.pem`);
   });
@@ -213,16 +216,32 @@ describe("which directory", () => {
     put(`${dir}/r.example/client.cert`, "CERT");
     put(`${dir}/r.example/client.key`, "KEY");
     put(`${dir}/_default/hosts.toml`, `[host."http://never.example"]\n`);
-    const got = await loadEndpoints(dir, "r.example");
+    const got = await loadEndpoints(files, dir, "r.example");
     expect(got.map((e) => ({ origin: e.origin, ca: e.ca, clients: e.clients }))).toEqual([
       { origin: "https://r.example", ca: ["CA-A", "CA-B"], clients: [{ cert: "CERT", key: "KEY" }] },
     ]);
   });
 
+  test("an oversized CA file, a FIFO for a key, an empty host directory: refused naming the file, or chosen as containerd does", async () => {
+    const dir = fresh();
+    put(`${dir}/r.example/ca.pem`, "x".repeat(maxHostsFileBytes + 1));
+    put(`${dir}/r.example/hosts.toml`, `[host."https://m.example"]\n  ca = "ca.pem"\n`);
+    const big = await loadEndpoints(files, dir, "r.example").catch((e: unknown) => e);
+    expect(big).toBeInstanceOf(HostsConfigError);
+    expect(String(big)).toContain(`${dir}/r.example/ca.pem`);
+    put(`${dir}/f.example/client.cert`, "CERT");
+    Bun.spawnSync(["mkfifo", `${dir}/f.example/client.key`]);
+    const fifo = await loadEndpoints(files, dir, "f.example").catch((e: unknown) => e);
+    expect(String(fifo)).toContain("FIFO");
+    put(`${dir}/_default/hosts.toml`, `[host."http://fallback.example"]\n`);
+    Bun.spawnSync(["mkdir", `${dir}/e.example`]);
+    expect((await loadEndpoints(files, dir, "e.example")).map((e) => e.origin)).toEqual(["https://e.example"]);
+  });
+
   test("an invalid hosts.toml is an error naming the file", async () => {
     const dir = fresh();
     put(`${dir}/r.example/hosts.toml`, `[host."http://m"]\ncapabilities = ["nope"]\n`);
-    const err = await loadEndpoints(dir, "r.example").catch((e: unknown) => e);
+    const err = await loadEndpoints(files, dir, "r.example").catch((e: unknown) => e);
     expect(err).toBeInstanceOf(HostsConfigError);
     expect(String(err)).toContain(`${dir}/r.example/hosts.toml`);
   });

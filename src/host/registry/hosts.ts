@@ -5,9 +5,9 @@
 // https://registry-1.docker.io). A directory without hosts.toml contributes Docker-style `*.crt` CA files.
 // Unlike containerd, a hosts.toml that does not parse is an error rather than silently ignored: on an
 // air-gapped node falling back to the upstream would only hide the typo.
-import { readdir, readFile } from "node:fs/promises";
 import { isAbsolute, join } from "node:path";
 import { parse as parseToml } from "smol-toml";
+import { FileError, type Files } from "../files.ts";
 
 export type Capability = "pull" | "resolve" | "push";
 
@@ -178,7 +178,20 @@ const errno = (err: unknown) => (err as { code?: unknown } | null)?.code;
  * The endpoints for `registry`, in the order to try them, with CA and client certificate files read.
  * Throws HostsConfigError for an unreadable or invalid configuration.
  */
-export async function loadEndpoints(hostsDir: string, registry: string, hostsToml?: string): Promise<Endpoint[]> {
+/** hosts.toml, CA certificates and client keys are small: a larger file is refused, not read. */
+export const maxHostsFileBytes = 1 << 20;
+
+export async function loadEndpoints(files: Files, hostsDir: string, registry: string, hostsToml?: string): Promise<Endpoint[]> {
+  const read = async (f: string, what: string) => {
+    let bytes: Uint8Array | undefined;
+    try {
+      bytes = await files.read(f, { maxBytes: maxHostsFileBytes });
+    } catch (err) {
+      throw new HostsConfigError(`${what}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    if (bytes === undefined) throw new HostsConfigError(`${what}: ${f} does not exist (ENOENT)`);
+    return new TextDecoder().decode(bytes);
+  };
   let configs: EndpointConfig[] | undefined;
   let source = "default";
   if (hostsToml !== undefined) {
@@ -190,20 +203,15 @@ export async function loadEndpoints(hostsDir: string, registry: string, hostsTom
   for (const dir of configs ? [] : hostDirCandidates(hostsDir, registry)) {
     let names: string[];
     try {
-      names = await readdir(dir);
+      names = await files.list(dir);
     } catch (err) {
-      if (errno(err) === "ENOENT") continue;
-      if (errno(err) === "ENOTDIR") continue; // a stray file named like a registry is not a host directory
+      if (err instanceof FileError && err.reason.includes("ENOTDIR")) continue; // a stray file named like a registry is not a host directory
       throw new HostsConfigError(`reading ${dir}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
+    if (names.length === 0 && !(await files.stat(dir))) continue; // no such directory (an empty one is chosen, as containerd does)
     if (names.includes("hosts.toml")) {
       const file = join(dir, "hosts.toml");
-      let text: string;
-      try {
-        text = await readFile(file, "utf8");
-      } catch (err) {
-        throw new HostsConfigError(`reading ${file}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
-      }
+      const text = await read(file, `reading ${file}`);
       source = file;
       if (text.length > 0) configs = parseHostsToml(text, dir, registry, file);
     } else {
@@ -215,20 +223,14 @@ export async function loadEndpoints(hostsDir: string, registry: string, hostsTom
   }
   configs ??= [defaultServer(registry)];
 
-  const read = async (f: string) => {
-    try {
-      return await readFile(f, "utf8");
-    } catch (err) {
-      throw new HostsConfigError(`${source}: reading ${f}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
-    }
-  };
+  const readFor = (f: string) => read(f, `${source}: reading ${f}`);
   const out: Endpoint[] = [];
   for (const c of configs) {
-    const ca = await Promise.all(c.caFiles.map(read));
+    const ca = await Promise.all(c.caFiles.map(readFor));
     const clients = await Promise.all(
       c.clientPairs.map(async ([cert, key]) => {
-        const certPem = await read(cert);
-        return { cert: certPem, key: key === "" ? certPem : await read(key) };
+        const certPem = await readFor(cert);
+        return { cert: certPem, key: key === "" ? certPem : await readFor(key) };
       }),
     );
     const { caFiles: _ca, clientPairs: _cp, ...rest } = c;

@@ -397,7 +397,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
       const client = new RegistryClient({
         registry: ref.registry,
         repository: ref.repository,
-        endpoints: await loadEndpoints(hostsDir, ref.registry, hostsToml?.get(ref.registry)),
+        endpoints: await loadEndpoints(files, hostsDir, ref.registry, hostsToml?.get(ref.registry)),
         tokens,
         timeouts,
         log,
