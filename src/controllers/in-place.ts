@@ -181,7 +181,7 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
     if (deps.signal.aborted) return { stopped: `the agent stopped before the update was finished (${describeError(deps.signal.reason)})` };
     const name = deps.node.current()?.metadata?.name;
     if (outcome && "failed" in outcome) {
-      if (name && !outcome.told) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
+      if (name && !outcome.told && outcome.tried !== false) await patchNodeMetadata(deps.kube, name, updateFailed(outcome.failed));
       return outcome;
     }
     if (outcome) return outcome;

@@ -55,8 +55,12 @@ export async function runOsUpdate(command: string, args: string[], signal: Abort
 
 export type OsUpdate = { command: string; args?: string[] | null };
 
-/** What is left of the OS update: failed (`told`: the Node says so already), waiting for the machine to restart, or done (undefined). */
-export type OsUpdateOutcome = { failed: string; final: boolean; told?: boolean } | { waiting: string } | undefined;
+/**
+ * What is left of the OS update: failed (`told`: the Node says so already; `tried: false`: nothing was
+ * run, so machine-controller-manager is told nothing, as gardener-node-agent only returns an error),
+ * waiting for the machine to restart, or done (undefined).
+ */
+export type OsUpdateOutcome = { failed: string; final: boolean; told?: boolean; tried?: false } | { waiting: string } | undefined;
 
 export type OsUpdaterDeps = {
   kube: Kube;
@@ -92,7 +96,7 @@ export function createOsUpdater(deps: OsUpdaterDeps) {
         return { failed: decision.why, final: true, told: decision.told };
     }
     // The OS extension provides the command in the OSC's status; without it, nothing was tried: retried.
-    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)", final: false };
+    if (!osUpdate?.command) return { failed: "status.inPlaceUpdates.osUpdate.command: the OSC names no OS update command (the OS extension provides it)", final: false, tried: false };
     // Recorded before it runs (the command usually restarts the machine, and never returns), then the
     // Node marked as gardener-node-agent marks it.
     await recordAttempt({ version: want, boot, finished: false });
