@@ -3,7 +3,7 @@
 import { dirname } from "node:path";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
-import { driftReasons } from "./plan.ts";
+import { driftReasons, modeDrift } from "./plan.ts";
 import type { Step } from "../api/plan.ts";
 
 export type DriftKind = "content" | "mode" | "missing" | "unit-stopped";
@@ -90,12 +90,13 @@ export function recurringDrift(
   return { recurring: recurring.sort((a, b) => a.target.localeCompare(b.target)), ...(next !== undefined ? { nextChangeAtMs: next } : {}) };
 }
 
-/** The drift a reconcile repaired on its own (its plan's writes for drift: content or missing; a mode is not told apart from an OSC change). */
+/** The drift a reconcile repaired on its own (its plan's writes for drift: content, missing, or an OSC file's mode). */
 export function driftInSteps(executed: readonly Step[]): Drift[] {
   return executed.flatMap((s): Drift[] => {
     if (s.kind !== "write") return [];
     if (s.reason === driftReasons.missing) return [{ target: s.path, kind: "missing", detail: `${s.path}: missing` }];
     if (s.reason === driftReasons.content) return [{ target: s.path, kind: "content", detail: `${s.path}: content differs from what trellis wrote` }];
-    return [];
+    const mode = modeDrift(s.reason);
+    return mode ? [{ target: s.path, kind: "mode", detail: `${s.path}: mode ${mode.onDisk}, applied ${mode.applied}` }] : [];
   });
 }

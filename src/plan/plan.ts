@@ -83,7 +83,8 @@ export function makePlan(input: PlanInput): Plan {
   // Files.
   const changedFiles = new Set<string>();
   for (const f of desired.files) {
-    const why = writeReason(disk(f.path), owned.files[f.path]?.sha256, f.sha256, f.mode);
+    const written = owned.files[f.path];
+    const why = writeReason(disk(f.path), written?.sha256, f.sha256, f.mode, written?.mode);
     if (!why) continue;
     fileSteps.push({ kind: "write", target: { type: "file" }, path: f.path, mode: f.mode, sha256: f.sha256, reason: why });
     changedFiles.add(f.path);
@@ -172,14 +173,23 @@ const modeOnly = (why: string) => why.startsWith("mode ");
 
 /** Reasons of a write that repairs drift (what trellis wrote, and the OSC still wants, changed on disk). */
 export const driftReasons = { missing: "missing on disk (drift)", content: "content on disk differs from what trellis wrote (drift)" } as const;
+/** A mode changed on disk while the OSC kept it: "mode 0600 → 0644 (drift)" (modeDrift reads it back). */
+const driftMark = " (drift)";
+export const modeDrift = (reason: string): { onDisk: string; applied: string } | undefined => {
+  const m = /^mode (0[0-7]+) → (0[0-7]+) \(drift\)$/.exec(reason);
+  return m ? { onDisk: m[1] as string, applied: m[2] as string } : undefined;
+};
 
-function writeReason(onDisk: { sha256: string; mode: number } | null, writtenSha: string | undefined, sha256: string, mode: number): string | undefined {
+// `writtenMode`: the mode trellis wrote (OSC files; unit files' is not recorded), so that a mode changed
+// behind its back is told apart from one the OSC changed.
+function writeReason(onDisk: { sha256: string; mode: number } | null, writtenSha: string | undefined, sha256: string, mode: number, writtenMode?: number): string | undefined {
   if (!onDisk) return writtenSha === undefined ? "new" : driftReasons.missing;
   if (onDisk.sha256 !== sha256) {
     if (writtenSha === sha256) return driftReasons.content;
     return writtenSha === undefined ? "content differs from the OSC" : "content changed";
   }
-  if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}`; // keep "mode " first: modeOnly()
+  // keep "mode " first: modeOnly()
+  if (onDisk.mode !== mode) return `mode ${octal(onDisk.mode)} → ${octal(mode)}${writtenSha === sha256 && writtenMode === mode ? driftMark : ""}`;
   return undefined;
 }
 

@@ -172,24 +172,28 @@ test("drift that keeps coming back sets ConfigurationDrift, cleared once quiet",
   expect(cleared).toMatchObject({ reason: "NoRecurringDrift", message: `no file or unit needed 3 repairs within ${recurringWindowS}s` });
 }, 90_000);
 
-test("drift made while the agent was down is repaired by its first reconcile, and reported", async () => {
+test("drift made while the agent was down is repaired by its first reconcile, and reported: a deletion and a chmod", async () => {
   await agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
-  await sh("rm /etc/ticker/message");
+  await sh("rm /etc/ticker/message && chmod 0600 /etc/web/index.html");
   await agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
-  const event = await waitFor(
-    "the DriftRepaired event of the first reconcile",
-    async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message === "/etc/ticker/message: missing; repaired by a reconcile (the periodic re-check, or one that came first)"),
-    20_000,
-    100,
-  );
-  expect(event.type).toBe("Warning");
+  for (const message of ["/etc/ticker/message: missing", "/etc/web/index.html: mode 0600, applied 0644"]) {
+    const event = await waitFor(
+      `the DriftRepaired event of the first reconcile: ${message}`,
+      async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message === `${message}; repaired by a reconcile (the periodic re-check, or one that came first)`),
+      20_000,
+      100,
+    );
+    expect(event.type).toBe("Warning");
+  }
   expect(await agent.node.readFile("/etc/ticker/message")).toBe("tick\n");
+  expect((await sh("stat -c %a /etc/web/index.html")).trim()).toBe("644");
 }, 60_000);
 
 test("content changed in place while the agent was down, size and mtime restored, is repaired on start: the persisted known hashes do not vouch for it", async () => {
   const stop = () => agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
   const start = () => agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
-  // A start whose first reconcile finds the file settled records its identity, and saves it on the way out at the latest.
+  // A start whose first reconcile finds the file settled (changed more than a second before: see Files.inspect) records its identity.
+  await waitFor("/etc/web/index.html unchanged for 2 s", async () => Number((await sh("echo $(( $(date +%s) - $(stat -c %Z /etc/web/index.html) ))")).trim()) >= 2, 10_000, 200);
   await stop();
   await start();
   await watching(agent, "repair");

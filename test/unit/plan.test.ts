@@ -3,6 +3,7 @@
 // complete apply of an earlier OSC left on the node (ownedFrom + diskFrom + unitsFrom).
 import { describe, expect, test } from "bun:test";
 import * as v from "valibot";
+import { driftInSteps } from "../../src/plan/drift.ts";
 import { type Desired, type DesiredFile, type DesiredUnit, sha256Hex, type UnitCommand } from "../../src/api/desired.ts";
 import { dropInPath, unitFilePath } from "../../src/api/paths.ts";
 import { emptyOwned, type Owned, type OwnedUnit } from "../../src/api/state.ts";
@@ -239,6 +240,11 @@ describe("files", () => {
     const p = plan(node(), ownedFrom(node()), observed(disk, unitsFrom(node())));
     expect(shown(p)).toEqual([`write ${kubeletConf.path}`, "restart kubelet.service"]);
     expect(reasonOf(p, `write ${kubeletConf.path}`)).toContain("0666");
+    // Told apart from a mode the OSC changes: a repair the drift controller reports (driftInSteps).
+    expect(reasonOf(p, `write ${kubeletConf.path}`)).toBe("mode 0666 → 0600 (drift)");
+    expect(driftInSteps(p.steps)).toEqual([{ target: kubeletConf.path, kind: "mode", detail: `${kubeletConf.path}: mode 0666, applied 0600` }]);
+    const byOsc = change(node(), node({}, [kubeletConf, file(sysctl.path, "net.ipv4.ip_forward = 1", 0o600)]));
+    expect(driftInSteps(byOsc.steps)).toEqual([]);
   });
 
   test("a file that differs from the OSC but was never written by trellis says so", () => {
