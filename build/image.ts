@@ -1,11 +1,15 @@
-// bun run image [-- --arch amd64,arm64] [--push REF] [--zstd] [--out DIR] [--version V] [--no-build] [--json]
+// bun run image [-- --arch amd64,arm64] [--push REF] [--compression zstd,gzip] [--fast] [--out DIR] [--version V] [--no-build] [--json]
 //
 // The OCI image of trellis: compiles the binary for each architecture (build/compile.ts), then writes
 // an OCI layout (default dist/image/, tagged with the version) holding an image index with one image
 // per architecture. Each image has ONE layer holding the binary as /gardener-node-agent (0755) — the
 // path Gardener's OperatingSystemConfig names as filePathInImage and install.sh extracts — and the
-// config Entrypoint ["/gardener-node-agent"] with version and revision labels. Nothing in it depends
-// on the time or the machine (build/oci-layout.ts), so the same binaries give the same digest.
+// config Entrypoint ["/gardener-node-agent"] with version and revision labels. By default the layers
+// are zstd -19, and the index lists every image a second time with a gzip -9 layer, after all the zstd
+// ones (build/trellis-image.ts releaseCompression): clients take the first entry for their platform,
+// install.sh on a machine without `zstd` the last. --compression zstd (or gzip) writes one kind only;
+// --fast uses levels 3 (zstd) and 1 (gzip), seconds instead of minutes, for tests. Nothing in it
+// depends on the time or the machine (build/oci-layout.ts), so the same binaries give the same digest.
 // --push REF copies the whole index with skopeo (plain HTTP only for a registry on localhost).
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
@@ -13,8 +17,8 @@ import { tmpdir } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { type Arch, commandFor, emulatorPackages, hostArch } from "./arch-exec.ts";
-import { writeLayout } from "./oci-layout.ts";
-import { trellisImageSpec } from "./trellis-image.ts";
+import { type Compression, type LayoutOptions, type WrittenImage, writeLayout } from "./oci-layout.ts";
+import { fastCompression, releaseCompression, trellisImageSpec } from "./trellis-image.ts";
 
 const bunArch: Record<Arch, "x64" | "arm64"> = { amd64: "x64", arm64: "arm64" };
 const root = resolve(new URL("..", import.meta.url).pathname);
@@ -23,7 +27,8 @@ const { values } = parseArgs({
   options: {
     arch: { type: "string", default: "amd64" },
     push: { type: "string" },
-    zstd: { type: "boolean", default: false },
+    compression: { type: "string", default: "zstd,gzip" },
+    fast: { type: "boolean", default: false },
     out: { type: "string", default: "dist/image" },
     // Passed to build/compile.ts (a release stamps the version it tags); the labels and the tag are
     // then whatever the built binary reports.
@@ -44,29 +49,33 @@ if (!values["no-build"]) {
 const binaries = Object.fromEntries(arches.map((a) => [a, binaryPath(a)])) as Record<Arch, string>;
 const { version, commit } = buildInfo();
 
-const compression = values.zstd ? "zstd" : "gzip";
+const compression = layoutOptions(values.compression, values.fast);
 const specs = arches.map((arch) => trellisImageSpec(arch, readFileSync(binaries[arch]), { version, commit }));
 // No blobs of an earlier build left behind; but only ever delete what is an image layout (or nothing).
 if (existsSync(out) && readdirSync(out).length > 0 && !existsSync(`${out}/oci-layout`)) fail(`--out ${out} exists and is not an OCI layout; not replacing it`);
 rmSync(out, { recursive: true, force: true });
 const t0 = performance.now();
-const layout = writeLayout(out, version, specs, { compression });
-const images = layout.images.map((img, i) => ({
+const layout = writeLayout(out, version, specs, compression);
+const describe = (kind: Compression) => (img: WrittenImage, i: number) => ({
   platform: `linux/${arches[i]}`,
   manifest: img.manifest.digest,
+  compression: kind,
   binaryBytes: statSync(binaries[arches[i] as Arch]).size,
   layerBytes: img.layers[0]?.size ?? 0,
-}));
-log(`wrote ${rel(out)} (oci:${rel(out)}:${version}), trellis ${version} commit ${commit}, ${compression} layers, in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+});
+const images = layout.images.map(describe(compression.compression ?? "gzip"));
+const alternatives = compression.alternative ? layout.alternatives.map(describe(compression.alternative.compression)) : [];
+const kinds = [compression.compression, compression.alternative?.compression].filter((k) => k).join(" + ");
+log(`wrote ${rel(out)} (oci:${rel(out)}:${version}), trellis ${version} commit ${commit}, ${kinds} layers, in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 log(`index ${layout.root.digest}`);
-for (const img of images) {
-  log(`  ${img.platform.padEnd(12)} ${img.manifest}  layer ${mib(img.layerBytes)} (${compression}) of a ${mib(img.binaryBytes)} binary`);
+for (const img of [...images, ...alternatives]) {
+  log(`  ${img.platform.padEnd(12)} ${img.manifest}  layer ${mib(img.layerBytes)} (${img.compression}) of a ${mib(img.binaryBytes)} binary`);
 }
 
 let pushed: string | undefined;
 if (values.push) pushed = push(values.push);
 if (values.json) {
-  console.log(JSON.stringify({ layout: out, tag: version, version, commit, compression, index: layout.root.digest, images, ...(pushed ? { pushed } : {}) }));
+  console.log(JSON.stringify({ layout: out, tag: version, version, commit, index: layout.root.digest, images, alternatives, ...(pushed ? { pushed } : {}) }));
 }
 
 function parseArches(list: string): Arch[] {
@@ -80,6 +89,20 @@ function parseArches(list: string): Arch[] {
   if (result.length === 0) fail("--arch: no architecture given");
   // amd64 first: the index lists platforms in a fixed order whatever the flag's order, for the digest.
   return result.sort();
+}
+
+// "zstd,gzip" (the release's: zstd, with a gzip alternative), "zstd" or "gzip"; --fast lowers the levels.
+function layoutOptions(list: string, fast: boolean): LayoutOptions {
+  const preset = fast ? fastCompression : releaseCompression;
+  const levels: Record<Compression, number | undefined> = {
+    zstd: preset.compression === "zstd" ? preset.level : preset.alternative?.level,
+    gzip: preset.compression === "gzip" ? preset.level : preset.alternative?.level,
+  };
+  const kinds = list.split(",").filter((k) => k !== "");
+  for (const k of kinds) if (k !== "zstd" && k !== "gzip") fail(`--compression: unknown "${k}" (want zstd and/or gzip, the default layer first)`);
+  const [first, second, ...rest] = kinds as Compression[];
+  if (!first || rest.length > 0 || first === second) fail(`--compression ${list}: want one or two of zstd, gzip`);
+  return { compression: first, level: levels[first], ...(second ? { alternative: { compression: second, level: levels[second] } } : {}) };
 }
 
 // Where build/compile.ts puts the binary for `arch` (dist/trellis for the native x64 build).

@@ -32,6 +32,14 @@ export interface LayoutOptions {
   compression?: Compression;
   /** gzip 1–9 (default 9), zstd 1–22 (default 19). */
   level?: number;
+  /**
+   * Every image once more, its layers compressed this other way, listed in the index after all the
+   * images compressed as `compression` (the index is written even for one image). A client that takes
+   * the first entry for its platform (containerd, trellis's own image store) gets `compression`; one
+   * that cannot decompress it (install.sh on a machine without `zstd`) takes the entry after it. Same
+   * config blob (its diff_ids are of the uncompressed layers), so the same image either way.
+   */
+  alternative?: { compression: Compression; level?: number };
 }
 
 export interface Descriptor {
@@ -52,6 +60,8 @@ export interface WrittenLayout {
   /** What the tag in index.json points at: the image index (several images) or the one manifest. */
   root: Descriptor;
   images: WrittenImage[];
+  /** With `alternative`: the same images with their layers compressed that way, in the same order. */
+  alternatives: WrittenImage[];
 }
 
 export const mediaTypes = {
@@ -64,15 +74,18 @@ export const mediaTypes = {
 
 /**
  * Writes an OCI image layout to `layoutDir` (created if missing; blobs of earlier writes stay) whose
- * index.json holds `tag`: one image → its manifest; several → an image index over them, which is what
- * `skopeo copy --all` and `ctr images pull` resolve per platform.
+ * index.json holds `tag`: one image → its manifest; several (or an `alternative`) → an image index over
+ * them, which is what `skopeo copy --all` and `ctr images pull` resolve per platform.
  */
 export function writeLayout(layoutDir: string, tag: string, images: ImageSpec | ImageSpec[], opts: LayoutOptions = {}): WrittenLayout {
   mkdirSync(`${layoutDir}/blobs/sha256`, { recursive: true });
   const list = Array.isArray(images) ? images : [images];
   if (list.length === 0) throw new Error("an image layout needs at least one image");
   const written = list.map((spec) => writeImage(layoutDir, spec, opts));
-  const root = Array.isArray(images) ? writeIndex(layoutDir, written.map((w) => w.manifest)) : withoutPlatform(written[0] as WrittenImage);
+  const alt = opts.alternative;
+  const alternatives = alt ? list.map((spec) => writeImage(layoutDir, spec, { compression: alt.compression, ...(alt.level !== undefined ? { level: alt.level } : {}) })) : [];
+  const root =
+    Array.isArray(images) || alt ? writeIndex(layoutDir, [...written, ...alternatives].map((w) => w.manifest)) : withoutPlatform(written[0] as WrittenImage);
   writeFileSync(`${layoutDir}/oci-layout`, JSON.stringify({ imageLayoutVersion: "1.0.0" }));
   writeFileSync(
     `${layoutDir}/index.json`,
@@ -82,7 +95,7 @@ export function writeLayout(layoutDir: string, tag: string, images: ImageSpec | 
       manifests: [{ ...root, annotations: { "org.opencontainers.image.ref.name": tag } }],
     }),
   );
-  return { root, images: written };
+  return { root, images: written, alternatives };
 }
 
 /** Writes the blobs of one image (layers, config, manifest) and returns their descriptors. */

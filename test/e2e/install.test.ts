@@ -28,7 +28,9 @@ const fixtureAgent = (label: string) =>
 let registry: Registry;
 let images: string;
 /** References of the fixture images pushed to `registry`, as install.sh gets them: upstream name + digest. */
-const fixtures = { multi: "", zstd: "", otherDigest: "" };
+const fixtures = { multi: "", zstd: "", dual: "", otherDigest: "" };
+/** Digests inside them: the amd64 manifest of `multi`; of `dual` the amd64 manifests and layers of each compression; two gzip layers. */
+const digests = { multiAmd64: "", dualZstd: "", dualGzip: "", dualZstdLayer: "", dualGzipLayer: "", amd64Layer: "", arm64Layer: "" };
 
 beforeAll(async () => {
   registry = await startRegistry();
@@ -43,7 +45,27 @@ beforeAll(async () => {
   const zstd = writeLayout(`${images}/zstd`, "fixture-zstd", { platform: { os: "linux", architecture: "amd64" }, layers: [agentFile("zstd")] }, {
     compression: "zstd",
   });
-  for (const [name, layout] of [["multi", multi], ["zstd", zstd]] as const) {
+  // As build/image.ts writes a release: zstd images first, the same images with gzip layers after them.
+  const dual = writeLayout(
+    `${images}/dual`,
+    "fixture-dual",
+    [
+      { platform: { os: "linux", architecture: "arm64", variant: "v8" }, layers: [agentFile("arm64")] },
+      { platform: { os: "linux", architecture: "amd64" }, layers: [agentFile("dual")] },
+    ],
+    { compression: "zstd", alternative: { compression: "gzip" } },
+  );
+  const amd64Of = (images: typeof dual.images) => images[1] as (typeof dual.images)[number];
+  Object.assign(digests, {
+    multiAmd64: amd64Of(multi.images).manifest.digest,
+    dualZstd: amd64Of(dual.images).manifest.digest,
+    dualGzip: amd64Of(dual.alternatives).manifest.digest,
+    dualZstdLayer: amd64Of(dual.images).layers[0]?.digest,
+    dualGzipLayer: amd64Of(dual.alternatives).layers[0]?.digest,
+    amd64Layer: amd64Of(multi.images).layers[0]?.digest,
+    arm64Layer: multi.images[0]?.layers[0]?.digest,
+  });
+  for (const [name, layout] of [["multi", multi], ["zstd", zstd], ["dual", dual]] as const) {
     // --all: the whole index, not just this machine's image (the harness's push() copies one image).
     const dest = `docker://${registry.host}/trellis/agent:fixture-${name}`;
     await runOk(["skopeo", "copy", "-q", "--all", "--preserve-digests", "--dest-tls-verify=false", `oci:${images}/${name}:fixture-${name}`, dest]);
@@ -118,13 +140,15 @@ describe("install.sh", () => {
       expect(await node.readFile(agent)).toBe(fixtureAgent("amd64"));
       expect((await node.execOk(["stat", "-c", "%a", agent])).trim()).toBe("755");
       const digest = fixtures.multi.split("@sha256:")[1];
-      expect((await node.readFile(`${configDir}/init-installed`)).trim()).toBe(`${digest} ${sha256(fixtureAgent("amd64"))}`);
+      // The index's digest, the binary's sha256 and the manifest it came from (bootstrap tells the agent's image cache).
+      expect((await node.readFile(`${configDir}/init-installed`)).trim()).toBe(`${digest} ${sha256(fixtureAgent("amd64"))} ${digests.multiAmd64}`);
       const log = await journal(node);
       expect(log).toContain(`trellis-install: pulling ${fixtures.multi} with containerd\n`);
       expect(log).toContain(`trellis-install: installed ${agent} (${digest})\n`);
       expect(log).toContain(`trellis-install: running ${agent} bootstrap --config-dir ${configDir}\n`);
-      // The image is not kept in containerd once the binary is out; no temporary file is left behind.
+      // The image is not kept in containerd once the binary is out (nor unpacked into a snapshot); no temporary file is left behind.
       expect((await node.execOk(["ctr", "-n", "trellis", "images", "ls", "-q"])).trim()).toBe("");
+      expect((await node.execOk(["ctr", "-n", "trellis", "snapshots", "ls"])).trim().split("\n").slice(1)).toEqual([]);
       expect(existsSync(`${node.root}${configDir}/init.tmp`)).toBe(false);
       expect((await node.execOk(["sh", "-c", "ls -A /opt/bin"])).trim()).toBe("gardener-node-agent");
       expect(mirror.requests.filter((r) => r.includes("/blobs/")).length).toBeGreaterThan(0);
@@ -153,6 +177,45 @@ describe("install.sh", () => {
       }
     }, 60_000);
   }
+
+  for (const containerd of [false, true]) {
+    const how = containerd ? "containerd" : "curl";
+    test(`${how}: an image as build/image.ts writes it (zstd first, then gzip): the zstd layer, or the gzip one on a machine without zstd; only that layer is fetched`, async () => {
+      for (const withZstd of [true, false]) {
+        const mirror = startMirror(registry.host);
+        const node = await mirroredNode(containerd ? "inst-dctr" : "inst-dcurl", containerd, mirror.host);
+        try {
+          if (!withZstd) {
+            await node.execOk(["rm", "-f", "/usr/bin/zstd"]); // the node's own overlay: the host keeps it
+            expect((await node.exec(["sh", "-c", "command -v zstd"])).code).not.toBe(0);
+          }
+          expect((await cloudInit(node, { TRELLIS_IMAGE: fixtures.dual })).code).toBe(0);
+          expect(await waitForCalls(node, 1)).toEqual([`dual: bootstrap --config-dir ${configDir}`]);
+          const [, , manifest] = (await node.readFile(`${configDir}/init-installed`)).trim().split(" ");
+          expect({ withZstd, manifest }).toEqual({ withZstd, manifest: withZstd ? digests.dualZstd : digests.dualGzip });
+          // Of the two layers only the one taken (containerd fetches the image's config blob too).
+          const [taken, other] = withZstd ? [digests.dualZstdLayer, digests.dualGzipLayer] : [digests.dualGzipLayer, digests.dualZstdLayer];
+          const blobs = mirror.requests.filter((r) => r.startsWith("GET") && r.includes("/blobs/")).map((r) => r.replace(/\?.*/, ""));
+          expect({ withZstd, taken: blobs.filter((b) => b.endsWith(taken)).length, other: blobs.filter((b) => b.endsWith(other)).length }).toEqual({ withZstd, taken: 1, other: 0 });
+        } finally {
+          await node.stop();
+          mirror.stop();
+        }
+      }
+    }, 90_000);
+  }
+
+  test("a zstd-only image on a machine without zstd: said so, nothing installed", async () => {
+    const node = await mirroredNode("inst-nozstd", false);
+    try {
+      await node.execOk(["rm", "-f", "/usr/bin/zstd"]);
+      expect((await cloudInit(node, { TRELLIS_IMAGE: fixtures.zstd })).code).toBe(0);
+      expect(await failure(node)).toContain(`trellis-install: error: ${fixtures.zstd}: its layer needs zstd, which is not installed\n`);
+      expect(existsSync(`${node.root}${agent}`)).toBe(false);
+    } finally {
+      await node.stop();
+    }
+  }, 60_000);
 
   test("curl path on a node without containerd: the same hosts.toml, the index's amd64 image, every blob verified", async () => {
     const mirror = startMirror(registry.host);
@@ -229,12 +292,12 @@ describe("install.sh", () => {
 
   describe("every failure: a clear message, a non-zero exit (systemd retries), the installed binary untouched", () => {
     const missingDigest = `sha256:${"0".repeat(64)}`;
-    const cases: { name: string; containerd: boolean; env: () => Record<string, string>; message: () => string | string[]; tamper?: boolean; token?: boolean }[] = [
+    const cases: { name: string; containerd: boolean; env: () => Record<string, string>; message: () => string | string[]; tamper?: boolean; swap?: () => [string, string]; token?: boolean }[] = [
       {
         name: "containerd: a digest the registry does not have",
         containerd: true,
         env: () => ({ TRELLIS_IMAGE: `${upstream}/trellis/agent:fixture-multi@${missingDigest}` }),
-        message: () => `trellis-install: error: containerd could not pull ${upstream}/trellis/agent:fixture-multi@${missingDigest}`,
+        message: () => `trellis-install: error: ${upstream}/trellis/agent:fixture-multi@${missingDigest}: manifests/${missingDigest} not found or not verified`,
       },
       {
         name: "curl: a digest the registry does not have",
@@ -249,11 +312,28 @@ describe("install.sh", () => {
         message: () => `/v2/trellis/missing/manifests/${missingDigest}: 404`,
       },
       {
+        // ctr fetches manifests to stdout (content fetch-object); the script checks them like curl's.
         name: "containerd: a mirror that serves other content for the digest",
         containerd: true,
         tamper: true,
         env: () => ({ TRELLIS_IMAGE: fixtures.multi }),
-        message: () => [`unexpected commit digest`, `expected ${fixtures.multi.split("@")[1]}`, `trellis-install: error: containerd could not pull ${fixtures.multi}`],
+        message: () => [`manifests/${fixtures.multi.split("@")[1]}: got ${fixtures.otherDigest} instead`, `trellis-install: error: ${fixtures.multi}: manifests/`],
+      },
+      {
+        // The layer goes into containerd's content store first, which checks it as it commits.
+        name: "containerd: a mirror that serves another layer for the layer's digest",
+        containerd: true,
+        swap: () => [digests.amd64Layer, digests.arm64Layer],
+        env: () => ({ TRELLIS_IMAGE: fixtures.multi }),
+        message: () => [`unexpected commit digest`, `trellis-install: error: containerd could not pull ${fixtures.multi}`],
+      },
+      {
+        // Streamed through the decompressor into the temp file and hashed on the way: refused before it is installed.
+        name: "curl: a mirror that serves another layer for the layer's digest",
+        containerd: false,
+        swap: () => [digests.amd64Layer, digests.arm64Layer],
+        env: () => ({ TRELLIS_IMAGE: fixtures.multi }),
+        message: () => [`blobs/${digests.amd64Layer}: got ${digests.arm64Layer} instead`, `trellis-install: error: ${fixtures.multi}: blobs/${digests.amd64Layer} not found or not verified`],
       },
       {
         name: "curl: a mirror that serves other content for the digest",
@@ -288,6 +368,7 @@ describe("install.sh", () => {
         // The tampering mirror answers the index's digest with the zstd image's manifest.
         const mirror = startMirror(registry.host, {
           ...(c.tamper ? { swap: [fixtures.multi.split("@")[1] as string, fixtures.otherDigest] as [string, string] } : {}),
+          ...(c.swap ? { swap: c.swap() } : {}),
           ...(c.token ? { token: "t0k3n" } : {}),
         });
         const node = await mirroredNode("inst-fail", c.containerd, mirror.host);
@@ -299,6 +380,7 @@ describe("install.sh", () => {
           expect(await node.readFile(agent)).toBe("old agent\n");
           expect((await node.execOk(["sh", "-c", "ls -A /opt/bin"])).trim()).toBe("gardener-node-agent");
           expect(await calls(node)).toEqual([]);
+          expect(existsSync(`${node.root}${configDir}/init-installed`)).toBe(false);
         } finally {
           await node.stop();
           mirror.stop();
@@ -309,39 +391,46 @@ describe("install.sh", () => {
 });
 
 describe("build/image.ts", () => {
-  test("a valid, reproducible OCI layout of the real binary; pushed to a registry, pulled back, installed by install.sh, and it runs", async () => {
+  test("a valid, reproducible OCI layout of the real binary (zstd images, then the same with gzip layers); pushed to a registry, pulled back, installed by install.sh, and it runs", async () => {
     const bin = await trellisBinary();
     const arm = await trellisArm64Binary();
     const dir = runDir("install-image");
     const ref = `${registry.host}/trellis/agent:release`;
+    // --fast: the release's layout at levels that take seconds (zstd -19 and gzip -9 take minutes per architecture).
     const image = (out: string, ...flags: string[]) =>
-      runOk(["bun", "run", "image", "--", "--no-build", "--arch", "arm64,amd64", "--out", out, "--json", ...flags], { cwd: repoRoot, timeoutMs: 180_000 });
+      runOk(["bun", "run", "image", "--", "--no-build", "--fast", "--arch", "arm64,amd64", "--out", out, "--json", ...flags], { cwd: repoRoot, timeoutMs: 180_000 });
     // Built twice (once while pushing): same binaries, same digests.
     const [a, b] = (await Promise.all([image(`${dir}/a`), image(`${dir}/b`, "--push", ref)])).map((out) => JSON.parse(out.trim().split("\n").pop() as string));
     expect(b.index).toBe(a.index);
     expect(b.pushed).toBe(`${ref}@${a.index}`);
     const version = JSON.parse(await runOk([bin, "version", "--json"]));
 
-    // The layout as a registry client sees it: an index of amd64 and arm64, one layer each.
+    // The layout as a registry client sees it: an index of amd64 and arm64 with zstd layers, then both again with gzip layers.
     const index = JSON.parse(await runOk(["skopeo", "inspect", "--raw", `oci:${dir}/a:${version.version}`]));
     expect(index.mediaType).toBe("application/vnd.oci.image.index.v1+json");
-    expect(index.manifests.map((m: { platform: { architecture: string } }) => m.platform.architecture)).toEqual(["amd64", "arm64"]);
+    const entries = index.manifests as { digest: string; platform: { architecture: string } }[];
+    expect(entries.map((m) => m.platform.architecture)).toEqual(["amd64", "arm64", "amd64", "arm64"]);
+    expect(entries.map((m) => m.digest)).toEqual([...a.images, ...a.alternatives].map((i: { manifest: string }) => i.manifest));
     const config = JSON.parse(await runOk(["skopeo", "inspect", "--config", `oci:${dir}/a:${version.version}`]));
     expect(config.config).toEqual({
       Entrypoint: ["/gardener-node-agent"],
       Labels: { "org.opencontainers.image.title": "trellis", "org.opencontainers.image.version": version.version, "org.opencontainers.image.revision": version.commit },
     });
-    for (const img of a.images) expect(img.layerBytes).toBeLessThan(img.binaryBytes / 1.5);
+    for (const img of [...a.images, ...a.alternatives]) expect(img.layerBytes).toBeLessThan(img.binaryBytes / 1.5);
+    for (const img of a.images) expect(img.layerBytes).toBeLessThan(a.alternatives.find((g: { platform: string }) => g.platform === img.platform).layerBytes);
 
-    // Pulled back from the registry, every architecture's layer holds that architecture's binary at /gardener-node-agent, 0755.
-    for (const [arch, path] of [["amd64", bin], ["arm64", arm]] as const) {
-      const back = `${dir}/back-${arch}`;
-      await runOk(["skopeo", "copy", "-q", "--src-tls-verify=false", "--override-arch", arch, `docker://${ref}`, `oci:${back}:x`]);
+    // Pulled back from the registry by digest, every entry's one layer holds its architecture's binary at /gardener-node-agent, 0755.
+    const binaries: Record<string, string> = { amd64: bin, arm64: arm };
+    for (const [i, entry] of entries.entries()) {
+      const back = `${dir}/back-${i}`;
+      await runOk(["skopeo", "copy", "-q", "--src-tls-verify=false", `docker://${registry.host}/trellis/agent@${entry.digest}`, `oci:${back}:x`]);
       const manifest = JSON.parse(await runOk(["skopeo", "inspect", "--raw", `oci:${back}:x`]));
       expect(manifest.layers.length).toBe(1);
+      const kind = i < 2 ? "zstd" : "gzip";
+      expect(manifest.layers[0].mediaType).toBe(`application/vnd.oci.image.layer.v1.tar+${kind}`);
       const layer = `${back}/blobs/sha256/${manifest.layers[0].digest.slice(7)}`;
-      expect(await runOk(["tar", "-tvzf", layer])).toMatch(/^-rwxr-xr-x 0\/0 +\d+ 1970-01-01 00:00 gardener-node-agent\n$/);
-      expect((await runOk(["sh", "-c", `tar -xzOf ${layer} gardener-node-agent | sha256sum`])).slice(0, 64)).toBe(sha256(readFileSync(path)));
+      expect(await runOk(["sh", "-c", `${kind} -dc ${layer} | tar -tvf -`])).toMatch(/^-rwxr-xr-x 0\/0 +\d+ 1970-01-01 00:00 gardener-node-agent\n$/);
+      expect((await runOk(["sh", "-c", `${kind} -dc ${layer} | tar -xOf - gardener-node-agent | sha256sum`])).slice(0, 64)).toBe(sha256(readFileSync(binaries[entry.platform.architecture] as string)));
     }
 
     // install.sh installs it from the upstream name through the mirror; the agent runs in the node.
@@ -352,6 +441,7 @@ describe("build/image.ts", () => {
       expect(await node.execOk([agent, "version"])).toBe(`trellis ${version.version} (commit ${version.commit}, ${version.runtime})\n`);
       await node.exec(["systemctl", "disable", "--now", unit]); // this binary may not know `bootstrap` yet: stop the retries
       expect((await node.execOk(["sh", "-c", `sha256sum ${agent}`])).slice(0, 64)).toBe(sha256(readFileSync(bin)));
+      expect((await node.readFile(`${configDir}/init-installed`)).trim().split(" ")[2]).toBe(a.images[0].manifest);
     } finally {
       await node.stop();
       rmSync(dir, { recursive: true, force: true });

@@ -2,13 +2,14 @@
 // data (a containerd mirror for the air-gapped registry name, the NodeAgentConfiguration, the cluster
 // CA, a bootstrap token, the machine name, install.sh), the Node kubelet would register, the agent's
 // RBAC, and the approver's hand for its CSR. Shared by the e2e test and the install benchmark.
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { homedir } from "node:os";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
-import { writeLayout } from "../../build/oci-layout.ts";
-import { trellisImageSpec } from "../../build/trellis-image.ts";
+import { sha256, writeLayout } from "../../build/oci-layout.ts";
+import { fastCompression, releaseCompression, trellisImageSpec } from "../../build/trellis-image.ts";
 import { type AgentNode, agentRules } from "./agent.ts";
 import { repoRoot, trellisBinary } from "./binary.ts";
 import { createBootstrapToken, decideCsr, grantCsrRbac, waitForCsr } from "./bootstrap.ts";
@@ -35,11 +36,28 @@ export async function pushImage(registry: Registry, repo: string, tag: string, f
   await registry.push(dir, repo, tag);
 }
 
-/** Pushes the trellis image of `binary` (what build/image.ts makes) as trellis/agent:TAG. */
-export async function pushTrellis(registry: Registry, tag: string, binary: string, version: string): Promise<string> {
-  const dir = `${layouts}/trellis-${tag}`;
-  writeLayout(dir, tag, trellisImageSpec("amd64", readFileSync(binary), { version, commit: "e2e" }), { level: 1 });
-  return (await registry.push(dir, "trellis/agent", tag)).digest;
+/**
+ * Pushes the trellis image of `binary` as build/image.ts makes it (an index: the zstd image first, the
+ * same with a gzip layer after it) as trellis/agent:TAG; returns the index's digest. `release`: at the
+ * release's levels, which take minutes of CPU, so the layout is kept in $TRELLIS_CACHE by the binary's
+ * sha256 (for benchmarks of what a node really pulls); otherwise at fast levels.
+ */
+export async function pushTrellis(registry: Registry, tag: string, binary: string, version: string, opts: { release?: boolean } = {}): Promise<string> {
+  const content = readFileSync(binary);
+  const spec = trellisImageSpec("amd64", content, { version, commit: "e2e" });
+  if (!opts.release) {
+    const dir = `${layouts}/trellis-${tag}`;
+    writeLayout(dir, tag, spec, fastCompression);
+    return (await registry.push(dir, "trellis/agent", tag, { all: true })).digest;
+  }
+  const dir = `${process.env.TRELLIS_CACHE ?? `${homedir()}/.cache/trellis`}/trellis-image-${sha256(content).slice(0, 16)}-${version}`;
+  // Written aside and renamed: a layout left half-written by a killed run is never taken for a cached one.
+  if (!existsSync(`${dir}/index.json`)) {
+    rmSync(`${dir}.tmp`, { recursive: true, force: true });
+    writeLayout(`${dir}.tmp`, "release", spec, releaseCompression);
+    renameSync(`${dir}.tmp`, dir);
+  }
+  return (await registry.push(dir, "trellis/agent", tag, { all: true, layoutTag: "release" })).digest;
 }
 
 /**

@@ -13,8 +13,9 @@ export interface Registry {
   /**
    * Pushes tag `tag` of the OCI layout at `layoutDir` as REPO:TAG; returns the reference and manifest digest.
    * `all`: push an image index with every platform image (skopeo's default picks this machine's image).
+   * `layoutTag`: the layout's tag to push, when it is not `tag`.
    */
-  push(layoutDir: string, repo: string, tag: string, opts?: { all?: boolean }): Promise<{ ref: string; digest: string }>;
+  push(layoutDir: string, repo: string, tag: string, opts?: { all?: boolean; layoutTag?: string }): Promise<{ ref: string; digest: string }>;
   /** Ends the registry process but keeps its storage; up() serves the same storage on the same port again. */
   down(): Promise<void>;
   up(): Promise<void>;
@@ -85,7 +86,7 @@ async function startOn(port: number): Promise<Registry> {
       const ref = `${host}/${repo}:${tag}`;
       const digestFile = `${dir}/push-${Date.now()}-${Math.random().toString(36).slice(2)}.digest`;
       const all = opts.all ? ["--all"] : [];
-      await runOk(["skopeo", "copy", "-q", ...all, "--dest-tls-verify=false", "--digestfile", digestFile, `oci:${layoutDir}:${tag}`, `docker://${ref}`]);
+      await runOk(["skopeo", "copy", "-q", ...all, "--dest-tls-verify=false", "--digestfile", digestFile, `oci:${layoutDir}:${opts.layoutTag ?? tag}`, `docker://${ref}`]);
       const digest = readFileSync(digestFile, "utf8").trim();
       rmSync(digestFile);
       return { ref, digest };
