@@ -27,7 +27,10 @@ const configFile = /^config(-.+)?\.yaml$/;
 export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck): Promise<string | undefined> {
   const binary = desired.files.find((f) => f.path === check.selfBinary);
   // The binary trellis installed itself was checked then: no need to hash 100 MB on every re-check.
-  const newBinary = binary && binary.sha256 !== check.installed && binary.sha256 !== (await check.files.sha256(check.selfBinary)) ? binary : undefined;
+  // Otherwise (the first apply on a node install.sh set up) the binary is inspected, which the table of
+  // known hashes answers while its identity is unchanged (src/host/known-hashes.ts), and the node's
+  // observation after this finds it there too.
+  const newBinary = binary && binary.sha256 !== check.installed && binary.sha256 !== (await currentSha256(check.files, check.selfBinary)) ? binary : undefined;
   const configs = desired.files.filter(isConfigOf(check.configDir));
   const changedConfig = (await Promise.all(configs.map(async (f) => ((await check.files.sha256(f.path)) === f.sha256 ? undefined : f)))).find((f) => f);
   if (!newBinary && !changedConfig) return undefined;
@@ -52,6 +55,8 @@ export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck):
     await removeTree(check.files, dir);
   }
 }
+
+const currentSha256 = async (files: Files, path: string) => (await files.inspect([path])).get(path)?.file?.sha256;
 
 const isConfigOf = (configDir: string) => (f: DesiredFile) => dirname(f.path) === configDir && configFile.test(basename(f.path));
 

@@ -4,7 +4,8 @@
 // init unit has Restart=on-failure):
 //
 //   a. the agent's client certificate: unless credentials/kubeconfig holds a usable one, a CSR made with
-//      the bootstrap token, and the kubeconfig written (0600) once it is issued;
+//      the bootstrap token, and the kubeconfig written (0600) once it is issued; meanwhile the binary
+//      install.sh installed is taken into the agent's image cache (src/cli/installed-binary.ts);
 //   b. kubelet's bootstrap kubeconfig from the bootstrap token, while kubelet has no credentials yet;
 //   c. the agent's unit written, enabled and started;
 //   d. gardener-node-init.service disabled (not stopped: it is the unit running this command).
@@ -31,6 +32,7 @@ import { CsrError, defaultWaitMs, machineName, pendingRequest, pendingRequestPat
 import { kubeconfigProblem, readClientCertificate, renderKubeconfig, renderTokenKubeconfig } from "../kube/csr-kubeconfig.ts";
 import { createLogger, type Logger } from "../log.ts";
 import { loadAgentConfig } from "./agent-config.ts";
+import { adoptInstalledBinary } from "./installed-binary.ts";
 import { UsageError } from "./errors.ts";
 
 const help = `usage: trellis bootstrap --config-dir DIR [--wait DURATION]
@@ -73,7 +75,12 @@ export async function run(args: string[]): Promise<number> {
       if (volumeSize) {
         await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
       }
-      renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
+      // Meanwhile (the CSR waits for its approver) the binary install.sh installed is made known to the
+      // agent's image cache and file hashes, under the same lock: the agent's first apply starts after both.
+      [renewed] = await Promise.all([
+        step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() })),
+        adoptInstalledBinary({ configDir, files, log }),
+      ]);
       await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
     } finally {
       lock.release();

@@ -11,7 +11,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { nodeEvents, putOscSecret, waitApplied } from "../harness/agent.ts";
 import { agentBase as base, agentBinary as bin, type BareNode, bareNode, type BareOscOptions, bareOsc, installAndApprove, pushImage, pushTrellis, startBareWorld, stopBareWorld, upstream } from "../harness/bare-node.ts";
-import { repoRoot } from "../harness/binary.ts";
+import { repoRoot, trellisBinary } from "../harness/binary.ts";
+import { decideCsr, waitForCsr } from "../harness/bootstrap.ts";
 import type { Cluster } from "../harness/cluster.ts";
 import { runOk, waitFor } from "../harness/exec.ts";
 import type { Registry } from "../harness/registry.ts";
@@ -63,6 +64,12 @@ describe("a bare machine becomes a node", () => {
     expect(await show("gardener-node-init.service", "UnitFileState")).toBe("disabled");
     expect(await show("kubelet.service", "ActiveState")).toBe("active");
     expect(await runTool()).toBe("tool v1");
+    // bootstrap took the binary install.sh had verified and installed into the agent's image cache (hashing
+    // it): the agent's first apply did not pull and unpack its own image again.
+    const journal = await sh("journalctl -o cat -u gardener-node-init.service -u gardener-node-agent.service");
+    expect(journal).toContain('"msg":"took a file already on the node into the image cache"');
+    expect(journal.split("\n").filter((l) => l.includes('"msg":"extracted a file from an image"') && l.includes("/trellis/agent:"))).toEqual([]);
+    expect(journal.split("\n").filter((l) => l.includes('"msg":"extracted a file from an image"') && l.includes("/tools/tool:"))).toHaveLength(1);
     expect((await sh(`stat -c %a ${base}/credentials/kubeconfig`)).trim()).toBe("600");
     const config = await agent.node.readFile("/etc/containerd/config.toml");
     expect(config).toContain('config_path = "/etc/containerd/certs.d"');
@@ -135,6 +142,29 @@ describe("a bare machine becomes a node", () => {
     expect((await runTool())).toBe("tool v2");
     expect(await show("gardener-node-agent.service", "NRestarts")).toBe("0");
   }, 420_000);
+
+  test("a binary that is not the one install.sh recorded is not taken into the image cache: the agent's first apply pulls its image", async () => {
+    const other = await bareNode(cluster, registry, "bare-rec", `${secretName}-rec`);
+    try {
+      const checksum = await putOscSecret(cluster, `${secretName}-rec`, osc());
+      // The binary in place (as install.sh leaves it), and a record that says it is something else.
+      await other.node.install(await trellisBinary(), bin, 0o755);
+      const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/trellis/agent:v1`])).trim();
+      await other.node.writeFile(`${base}/init-installed`, `${digest.slice(7)} ${"0".repeat(64)} sha256:${"1".repeat(64)}\n`, 0o644);
+      const boot = other.node.exec([bin, "bootstrap", "--config-dir", base], { timeoutMs: 120_000 });
+      const csr = await waitForCsr(cluster, `the CSR of ${other.name}`, (c) => c.spec.username === other.bootstrapUser);
+      await decideCsr(cluster, csr.metadata?.name as string, "Approved", "E2E", "approved by the test");
+      expect((await boot).code).toBe(0);
+      await waitApplied(other, checksum, 120_000);
+      // bootstrap ran in the foreground here (its lines in its output), the agent in its unit.
+      const journal = (await boot).stdout + (await boot).stderr + (await other.node.execOk(["journalctl", "-o", "cat", "-u", "gardener-node-agent.service"]));
+      expect(journal).toContain('"msg":"the binary is not the one install.sh recorded: not taken into the image cache"');
+      expect(journal).not.toContain('"msg":"took a file already on the node into the image cache"');
+      expect(journal.split("\n").filter((l) => l.includes('"msg":"extracted a file from an image"') && l.includes("/trellis/agent:"))).toHaveLength(1);
+    } finally {
+      await other.stop();
+    }
+  }, 180_000);
 
   test("a new binary that cannot read the node's configuration is refused; the agent keeps running", async () => {
     await pushImage(registry, "trellis/agent", "broken", { "gardener-node-agent": { content: '#!/bin/sh\necho "config format v9 expected" >&2\nexit 1\n', mode: 0o755 } });

@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, 
 import http, { type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from "node:http";
 import { connect, createServer as createNetServer, type Socket } from "node:net";
 import { createServer as createTlsServer, type TlsOptions } from "node:tls";
-import { createImageStore, ImageError, type ImageStore, type ImageStoreOptions } from "../../src/host/registry/store.ts";
+import { createImageStore, type ImageCache, ImageError, type ImageStoreOptions } from "../../src/host/registry/store.ts";
 import { createLogger } from "../../src/log.ts";
 import { freePort, rejection, runDir, runOk } from "../harness/exec.ts";
 import { writeLayout, type ImageSpec, type LayoutOptions } from "../harness/oci.ts";
@@ -37,7 +37,7 @@ async function push(repo: string, tag: string, images: ImageSpec | ImageSpec[], 
   const layout = `${base}/layout-${++pushes}`;
   lastLayout = layout;
   const written = writeLayout(layout, tag, images, opts);
-  const pushed = await registry.push(layout, repo, tag, { all: Array.isArray(images) });
+  const pushed = await registry.push(layout, repo, tag, { all: Array.isArray(images) || opts.alternative !== undefined });
   expect(pushed.digest).toBe(written.root.digest);
   return pushed.digest;
 }
@@ -51,7 +51,7 @@ function hostsToml(ws: Workspace, registryHost: string, text: string): void {
   mkdirSync(`${ws.hostsDir}/${registryHost}`, { recursive: true });
   writeFileSync(`${ws.hostsDir}/${registryHost}/hosts.toml`, text);
 }
-function storeFor(ws: Workspace, extra: Partial<ImageStoreOptions> = {}): { store: ImageStore; logs: Record<string, unknown>[] } {
+function storeFor(ws: Workspace, extra: Partial<ImageStoreOptions> = {}): { store: ImageCache; logs: Record<string, unknown>[] } {
   const logs: Record<string, unknown>[] = [];
   const log = createLogger({ level: "debug", write: (l) => logs.push(JSON.parse(l) as Record<string, unknown>) });
   return { store: createImageStore({ cacheDir: ws.cacheDir, hostsDir: ws.hostsDir, arch: "amd64", log, ...extra }), logs };
@@ -434,6 +434,43 @@ describe("caching", () => {
     hostsToml(ws, upstream, "this is = not [valid toml");
     expect(await store.extract(req)).toMatchObject({ pulled: false, manifestDigest: digest, sha256: sha("pinned\n") });
     expect(proxy.seen).toEqual([]);
+  });
+
+  test("adopt: a file on the node taken in as the file of the image install.sh took (zstd, or the gzip alternative): extracted by tag with one HEAD, no layer pulled; a file that is not the content is refused", async () => {
+    const proxy = await startProxy();
+    const content = "#!/bin/sh\necho agent\n";
+    // As build/image.ts writes it: the zstd image first, the same image with a gzip layer after it.
+    const index = await push("e2e/agent", "v1", { platform: amd64, layers: [{ "gardener-node-agent": { content, mode: 0o755 } }] }, { compression: "zstd", alternative: { compression: "gzip" } });
+    const [zstdManifest, gzipManifest] = (JSON.parse(readFileSync(`${lastLayout}/blobs/sha256/${index.slice(7)}`, "utf8")) as { manifests: { digest: string }[] }).manifests.map((m) => m.digest);
+    const ws = workspace();
+    hostsToml(ws, upstream, `[host."${proxy.url}"]\n`);
+    const { store } = storeFor(ws);
+    const source = `${ws.dir}/gardener-node-agent`;
+    writeFileSync(source, content, { mode: 0o755 });
+    const file = { index, manifest: zstdManifest as string, path: "/gardener-node-agent", source };
+
+    expect(await store.adopt({ ...file, sha256: sha("what install.sh recorded, but not what is there\n") })).toBe(false);
+    expect(readdirSync(`${ws.cacheDir}/files/sha256`)).toEqual([]);
+    expect(existsSync(`${ws.cacheDir}/index.json`)).toBe(false);
+
+    expect(await store.adopt({ ...file, sha256: sha(content) })).toBe(true);
+    const got = await store.extract({ image: `${upstream}/e2e/agent:v1`, filePathInImage: "/gardener-node-agent" });
+    expect(got).toMatchObject({ pulled: false, sha256: sha(content), manifestDigest: zstdManifest });
+    expect(readFileSync(got.blobPath, "utf8")).toBe(content);
+    expect(statSync(got.blobPath).mode & 0o777).toBe(0o600);
+    expect(kinds(proxy.seen)).toEqual(["HEAD manifest"]);
+
+    // Taken as the gzip image's file (install.sh on a machine without zstd): the index's image for this
+    // platform is the one install.sh took, and the store uses it too rather than pull the first entry's.
+    const other = workspace();
+    hostsToml(other, upstream, `[host."${proxy.url}"]\n`);
+    const second = storeFor(other).store;
+    expect(await second.adopt({ ...file, manifest: gzipManifest as string, sha256: sha(content) })).toBe(true);
+    proxy.seen.length = 0;
+    expect(await second.extract({ image: `${upstream}/e2e/agent:v1`, filePathInImage: "/gardener-node-agent" })).toMatchObject({ pulled: false, manifestDigest: gzipManifest });
+    expect(kinds(proxy.seen)).toEqual(["HEAD manifest"]);
+    // Another file of that image comes from the same (gzip) image.
+    expect((await second.extract({ image: `${upstream}/e2e/agent:v1`, filePathInImage: "/missing" }).catch((e: Error) => e.message))).toContain(`not found in any of the 1 layer(s) of ${gzipManifest}`);
   });
 
   test("prune drops files not kept and their index entries; a pruned file is pulled again", async () => {

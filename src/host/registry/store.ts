@@ -57,10 +57,28 @@ export type ExtractOptions = {
   inUse?: Set<string>;
 };
 
+/**
+ * A file already on the node that is known to be `path` of an image: install.sh verified the image's
+ * digests and put the file there. Its platform manifest and, when the image is an index, the index.
+ */
+export type KnownImageFile = { index?: string; manifest: string; path: string; source: string; sha256: string };
+
 export interface ImageStore {
   extract(req: ImageFileRequest, opts?: ExtractOptions): Promise<ExtractedFile>;
   /** Deletes cached extracted files whose sha256 is not in keep (and stale index entries). */
   prune(keepSha256: ReadonlySet<string>): Promise<void>;
+}
+
+export interface ImageCache extends ImageStore {
+  /**
+   * Takes a file into the cache as `path` of the image (copied from `source`, refused unless it hashes
+   * to `sha256`), so that extracting it later downloads nothing: what the agent's first apply would
+   * otherwise pull again for the binary install.sh just installed. The index's image for this node's
+   * platform is then `manifest`, the one install.sh took (an index may list several: build/image.ts
+   * lists each image with a zstd layer, then with a gzip one). Returns false when `source` does not
+   * hold that content (nothing is recorded).
+   */
+  adopt(file: KnownImageFile): Promise<boolean>;
 }
 
 export type Arch = "amd64" | "arm64";
@@ -218,7 +236,7 @@ class TempFileSink implements FileSink {
 
 type Located = { manifestDigest: string; sha256: string; size: number };
 
-export function createImageStore(opts: ImageStoreOptions): ImageStore {
+export function createImageStore(opts: ImageStoreOptions): ImageCache {
   const cacheDir = resolve(opts.cacheDir);
   const filesDir = join(cacheDir, "files", "sha256");
   const indexPath = join(cacheDir, "index.json");
@@ -423,7 +441,9 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
       let manifestDigest = top;
       let manifest = parseManifest(manifestBytes.bytes, manifestBytes.mediaType, top);
       if (manifest.kind === "index") {
-        const chosen = pickPlatform(manifest, opts.arch, top);
+        // An image of this index already taken for this platform (adopt: the one install.sh took) stays the one.
+        const taken = (await readIndex()).indexes[top]?.[platformKey];
+        const chosen = manifest.manifests.find((m) => m.digest === taken && m.platform?.os === "linux" && m.platform.architecture === opts.arch) ?? pickPlatform(manifest, opts.arch, top);
         manifestDigest = chosen.digest;
         // Remembered now: the next call for another file of this image skips fetching the index.
         await remember((index) => {
@@ -551,6 +571,32 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     });
   }
 
+  async function adopt(file: KnownImageFile): Promise<boolean> {
+    const path = normaliseImagePath(file.path);
+    for (const d of [file.manifest, file.index ?? file.manifest]) if (!/^sha256:[0-9a-f]{64}$/.test(d)) throw new Error(`adopt: ${JSON.stringify(d)} is not a sha256 digest`);
+    if (!sha256Hex.test(file.sha256)) throw new Error(`adopt: ${JSON.stringify(file.sha256)} is not a sha256`);
+    await init();
+    const size = (await stat(file.source)).size;
+    return serialised(async () => {
+      const index = await readIndex();
+      if (!(await present(file.sha256, size))) {
+        await makeRoom(index, { sha256: file.sha256, size }, undefined);
+        try {
+          // Hashed while copied: a source that changed since it was verified is not taken.
+          await files.writeAtomic(blobPath(file.sha256), { copyFrom: file.source, sha256: file.sha256 }, 0o600);
+        } catch (err) {
+          log.warn("not taking the file into the image cache: it is not the content it should be", { source: file.source, error: describeError(err) });
+          return false;
+        }
+      }
+      if (file.index && file.index !== file.manifest) (index.indexes[file.index] ??= {})[platformKey] = file.manifest;
+      (index.files[file.manifest] ??= {})[path] = { sha256: file.sha256, size };
+      await writeIndex(index);
+      log.info("took a file already on the node into the image cache", { source: file.source, manifestDigest: file.manifest, path, sha256: file.sha256 });
+      return true;
+    });
+  }
+
   async function prune(keep: ReadonlySet<string>): Promise<void> {
     await init();
     await serialised(async () => {
@@ -571,7 +617,7 @@ export function createImageStore(opts: ImageStoreOptions): ImageStore {
     });
   }
 
-  return { extract, prune };
+  return { extract, prune, adopt };
 }
 
 /** Removes the index's entries for files `drop` says are gone, and index platforms left pointing nowhere; how many entries. */
