@@ -97,7 +97,7 @@ function phasesOf(startMs: number, m: Partial<Record<BootMark, number>>, applied
 
 // The worker series: its own control plane (kube-controller-manager signs kubelet's certificates) and registry.
 if (workerRuns > 0) {
-  const world = await startWorkerWorld();
+  const world = await startWorkerWorld({ release: true });
   try {
     const workers: { toCsrS: number; toAppliedS: number; toReadyS: number; toPodReadyS: number }[] = [];
     for (let i = 0; i < workerRuns; i++) {

@@ -380,6 +380,9 @@ const rows: [string, PerAgent<Summary | number>, string][] = [
   ["binary", { trellis: r.sizes.trellis.binaryMiB, gna: r.sizes.gna.binaryMiB }, "MiB"],
   ["image layer, gzip -9", { trellis: r.sizes.trellis.imageLayerGzip9MiB, gna: r.sizes.gna.imageLayerGzip9MiB }, "MiB"],
   ["image layer, zstd -19", { trellis: r.sizes.trellis.imageLayerZstd19MiB, gna: r.sizes.gna.imageLayerZstd19MiB }, "MiB"],
+  // What a node pulls: trellis's release layer is zstd -19 (build/trellis-image.ts); Gardener builds the
+  // peer's image from its Dockerfile with Docker's default layer compression, gzip.
+  ["image layer pulled (trellis zstd -19, peer gzip)", { trellis: r.sizes.trellis.imageLayerZstd19MiB, gna: r.sizes.gna.imageLayerGzip9MiB }, "MiB"],
 ];
 const v = (result.versions as Record<AgentId, { version: string }> & { bun: string; kubeApiserver: string });
 const ratio = (t: number, g: number) => (g === 0 ? (t === 0 ? "1.00" : "∞") : (t / g).toFixed(2));

@@ -2,7 +2,7 @@
 // data (a containerd mirror for the air-gapped registry name, the NodeAgentConfiguration, the cluster
 // CA, a bootstrap token, the machine name, install.sh), the Node kubelet would register, the agent's
 // RBAC, and the approver's hand for its CSR. Shared by the e2e test and the install benchmark.
-import { existsSync, readFileSync, renameSync, rmSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync } from "node:fs";
 import { homedir } from "node:os";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
@@ -50,12 +50,16 @@ export async function pushTrellis(registry: Registry, tag: string, binary: strin
     writeLayout(dir, tag, spec, fastCompression);
     return (await registry.push(dir, "trellis/agent", tag, { all: true })).digest;
   }
-  const dir = `${process.env.TRELLIS_CACHE ?? `${homedir()}/.cache/trellis`}/trellis-image-${sha256(content).slice(0, 16)}-${version}`;
+  const cache = process.env.TRELLIS_CACHE ?? `${homedir()}/.cache/trellis`;
+  const name = `trellis-image-${sha256(content).slice(0, 16)}-${version}`;
+  const dir = `${cache}/${name}`;
   // Written aside and renamed: a layout left half-written by a killed run is never taken for a cached one.
   if (!existsSync(`${dir}/index.json`)) {
     rmSync(`${dir}.tmp`, { recursive: true, force: true });
     writeLayout(`${dir}.tmp`, "release", spec, releaseCompression);
     renameSync(`${dir}.tmp`, dir);
+    // Only the latest binary's (~95 MiB each): every build is another binary.
+    for (const old of readdirSync(cache)) if (old.startsWith("trellis-image-") && old !== name) rmSync(`${cache}/${old}`, { recursive: true, force: true });
   }
   return (await registry.push(dir, "trellis/agent", tag, { all: true, layoutTag: "release" })).digest;
 }

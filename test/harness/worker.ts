@@ -29,13 +29,14 @@ export type WorkerAgent = { repo: string; tag: string; peer?: BareNodeOptions["p
 /** trellis, as startWorkerWorld pushes it. */
 export const trellisAgent: WorkerAgent = { repo: "trellis/agent", tag: "v1" };
 
-export async function startWorkerWorld(): Promise<WorkerWorld> {
+/** `release`: trellis's image as a release compresses it (pushTrellis), for benchmarks of the boot. */
+export async function startWorkerWorld(opts: { release?: boolean } = {}): Promise<WorkerWorld> {
   const binary = await trellisBinary();
   const [cluster, registry] = await Promise.all([startCluster({ servingIps: [bridgeHostIp] }), startRegistry()]);
   try {
     await Promise.all([grantCsrRbac(cluster), grantKubeletBootstrapRbac(cluster)]);
     const images = await pushKubeletImages(registry);
-    await pushTrellis(registry, trellisAgent.tag, binary, JSON.parse(await runOk([binary, "version", "--json"])).version);
+    await pushTrellis(registry, trellisAgent.tag, binary, JSON.parse(await runOk([binary, "version", "--json"])).version, opts);
     return {
       cluster,
       registry,
