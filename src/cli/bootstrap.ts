@@ -76,11 +76,14 @@ export async function run(args: string[]): Promise<number> {
         await step("0. the kubelet data volume", async () => log.info(await ensureKubeletDataVolume({ size: volumeSize, tmpDir: paths.tempDir, log })));
       }
       // Meanwhile (the CSR waits for its approver) the binary install.sh installed is made known to the
-      // agent's image cache and file hashes, under the same lock: the agent's first apply starts after both.
-      [renewed] = await Promise.all([
-        step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() })),
-        adoptInstalledBinary({ configDir, files, log }),
-      ]);
+      // agent's image cache and file hashes, under the same lock, finished even when step a fails (it
+      // never throws): the agent starts after both.
+      const adopting = adoptInstalledBinary({ configDir, files, log });
+      try {
+        renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
+      } finally {
+        await adopting;
+      }
       await step("b. kubelet's bootstrap kubeconfig", () => ensureKubeletBootstrapKubeconfig({ config, files, log }));
     } finally {
       lock.release();
