@@ -6,7 +6,7 @@ import type { ImageSpec, LayoutOptions } from "./oci-layout.ts";
 export const binaryPathInImage = "/gardener-node-agent";
 
 /**
- * How a release compresses its layers: zstd -19 (41.9 MiB for the 113 MiB amd64 binary, against 52.2
+ * How a release compresses its layers: zstd -19 (42.0 MiB for the 113 MiB amd64 binary, against 52.2
  * MiB with gzip -9), which containerd (≥ 1.5), Docker (≥ 23) and trellis's own image store read and
  * take as the index's first entry for their platform; then the same image with a gzip -9 layer, for
  * what cannot read zstd (install.sh on a machine without the `zstd` command takes that one).
