@@ -1,4 +1,4 @@
-// bun run build [-- --arch x64|arm64] [--outfile PATH] [--version V] [--readable] [--exec-argv ARGS] [--jit-policy N] [--runtime-env "K=V;K=V"]
+// bun run build [-- --arch x64|arm64] [--outfile PATH] [--version V] [--readable] [--exec-argv ARGS] [--jit-policy N] [--runtime-env "K=V;K=V" [--unchecked-runtime-env]]
 // Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
 // Flags and why (README "How the binary is built"): no .env/bunfig autoload (a node agent must not read ./.env from its
 // working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
@@ -10,6 +10,7 @@
 // replace what is baked into the executable (runtimeExecArgv and runtimeEnv below; the benchmark
 // test/bench/runtime-knobs.ts and the e2e tests build their variants this way).
 import { execFileSync } from "node:child_process";
+import { rmSync } from "node:fs";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import pkg from "../package.json" with { type: "json" };
@@ -25,13 +26,16 @@ const { values } = parseArgs({
     "exec-argv": { type: "string" },
     "jit-policy": { type: "string", default: "1" },
     "runtime-env": { type: "string" },
+    // Only for the test that proves a refused variable does not crash-loop the agent.
+    "unchecked-runtime-env": { type: "boolean", default: false },
   },
 });
-// The runtime flags every start of the executable gets (process.execArgv): none so far.
-const runtimeExecArgv: string[] = [];
+// The runtime flags every start of the executable gets (process.execArgv). docs/benchmarks.md
+// ("Bun's runtime knobs") has the figures that chose them.
+const runtimeExecArgv: string[] = ["--smol"];
 const execArgv = values["exec-argv"] === undefined ? runtimeExecArgv : values["exec-argv"].split(" ").filter(Boolean);
-// The variables `trellis run` executes itself with (src/runtime-env.ts): none so far.
-const runtimeEnv: Record<string, string> = {};
+// The variables `trellis run` executes itself with (src/runtime-env.ts), chosen the same way.
+const runtimeEnv: Record<string, string> = { MIMALLOC_PURGE_HOLES_MIN_INTERVAL: "10000", BUN_JSC_useFTLJIT: "false" };
 const env = values["runtime-env"] === undefined ? runtimeEnv : parseRuntimeEnv(values["runtime-env"]);
 function parseRuntimeEnv(spec: string): Record<string, string> {
   const out: Record<string, string> = {};
@@ -84,6 +88,17 @@ if (stats.rewritten === 0) {
   // Without the rewrite the binary would connect without its client certificate: refuse to ship that.
   console.error("build failed: no @kubernetes/client-node module imported 'undici'; the TLS shim was not applied");
   process.exit(1);
+}
+// The runtime refuses a JavaScriptCore option it does not know (exit 1 before any JavaScript runs):
+// a native build starts itself once with its variables, so a Bun upgrade that dropped a name fails here
+// and not on the nodes (where the agent would fall back to running without them, src/runtime-env.ts).
+if (native && Object.keys(env).length > 0 && !values["unchecked-runtime-env"]) {
+  const check = Bun.spawnSync([resolve(root, outfile), "version"], { env: { ...process.env, ...env }, stdout: "ignore", stderr: "pipe" });
+  if (check.exitCode !== 0) {
+    console.error(`build failed: ${outfile} refuses its runtime variables (exit ${check.exitCode}): ${check.stderr.toString().trim().split("\n")[0]}`);
+    rmSync(resolve(root, outfile), { force: true });
+    process.exit(1);
+  }
 }
 console.log(
   `built ${outfile} (trellis ${version}, commit ${commit}, linux-${arch}${execArgv.length > 0 ? `, runtime flags ${execArgv.join(" ")}` : ""}${jitPolicy !== 1 ? `, JIT policy ${jitPolicy}` : ""}${Object.keys(env).length > 0 ? `, runtime env ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(" ")}` : ""}) in ${Math.round(performance.now() - t0)} ms; ` +

@@ -11,7 +11,10 @@
 //   3. reaction: Secret replaced → the changed unit's new process started (its own $EPOCHREALTIME),
 //      and the agent's CPU for that change (until the annotation + 500 ms);
 //   4. idle: after `settle` seconds, every variant idles at once for `idle` seconds: CPU seconds
-//      (utime + stime) split by thread (/proc/PID/task/*/stat sampled every 5 s), VmRSS every 10 s.
+//      (utime + stime) split by thread (/proc/PID/task/*/stat sampled every 5 s), VmRSS every 10 s;
+//   5. with the "shipped" variant, in its node after the last round: what executing itself costs
+//      `trellis run` at start (`run --help` timed 30 times each with and without TRELLIS_RUNTIME_ENV=off,
+//      alternating: the start-up figures of step 2 are too noisy on a shared machine to show 30 ms).
 // Steps 1–3 take turns (the variants' order rotates from round to round), step 4 runs all variants
 // at the same time, so that the shared 2-core machine's noise hits them alike; figures are CPU
 // seconds, not wall time. The result (JSON on stdout, a table on stderr) is added to
@@ -49,6 +52,7 @@ type Variant = {
 const catalogue: Variant[] = [
   { name: "base", what: "no knobs" },
   { name: "shipped", what: "the build as shipped (build/compile.ts's flags and runtime variables)", build: { shipped: true } },
+  { name: "shipped-env-off", what: "the build as shipped with TRELLIS_RUNTIME_ENV=off: its baked flags only, no re-execution", build: { shipped: true }, env: { TRELLIS_RUNTIME_ENV: "off" } },
   { name: "smol", what: "--compile-exec-argv=--smol", build: { execArgv: ["--smol"] } },
   { name: "jit-policy-10", what: "--compile-jit-policy=10 (tier-up thresholds × 10)", build: { jitPolicy: 10 } },
   { name: "gc-timer-30s", what: "BUN_GC_TIMER_INTERVAL=30000", env: { BUN_GC_TIMER_INTERVAL: "30000" } },
@@ -67,7 +71,7 @@ const catalogue: Variant[] = [
 
 const { values: args } = parseArgs({
   options: {
-    variants: { type: "string", default: catalogue.filter((v) => v.name !== "shipped").map((v) => v.name).join(",") },
+    variants: { type: "string", default: catalogue.filter((v) => !v.build?.shipped).map((v) => v.name).join(",") },
     /** More variants, each "name=VAR=value;VAR=value" or "name=--flag" (built in), for combinations. */
     extra: { type: "string", multiple: true, default: [] },
     rounds: { type: "string", default: "2" },
@@ -188,6 +192,23 @@ const core = cluster.admin().makeApiClient(CoreV1Api);
 const audit = new AuditTail(cluster.auditLog);
 const rounds: { round: number; order: string[]; hostCpuBusyCores: number; runs: Run[] }[] = [];
 let live: Run[] = [];
+let reexecCost: Record<string, unknown> | undefined;
+
+/** `run --help` timed in the node, alternately with the runtime variables and without (TRELLIS_RUNTIME_ENV=off). */
+async function measureReexec(r: Run, times = 30): Promise<Record<string, unknown>> {
+  const script = `TIMEFORMAT='%3R %3U %3S'; for i in $(seq 1 ${times}); do for m in off on; do if [ $m = off ]; then export TRELLIS_RUNTIME_ENV=off; else unset TRELLIS_RUNTIME_ENV; fi; t=$( { time /opt/bin/gardener-node-agent run --help >/dev/null 2>&1; } 2>&1 ); echo "$m $t"; done; done`;
+  const rows = (await r.agent.node.execOk(["bash", "-c", script], { timeoutMs: 300_000 })).trim().split("\n").map((l) => l.split(" "));
+  const of = (m: string) => rows.filter((x) => x[0] === m).map((x) => ({ wallMs: Number(x[1]) * 1000, cpuMs: (Number(x[2]) + Number(x[3])) * 1000 }));
+  const [off, on] = [of("off"), of("on")];
+  return {
+    runs: times,
+    withoutWallMs: summary(off.map((x) => x.wallMs)),
+    withWallMs: summary(on.map((x) => x.wallMs)),
+    withoutCpuMs: summary(off.map((x) => x.cpuMs)),
+    withCpuMs: summary(on.map((x) => x.cpuMs)),
+    note: "`gardener-node-agent run --help` in the shipped variant's node: with its runtime variables it executes itself once (and the executed process prints the help); TRELLIS_RUNTIME_ENV=off does not",
+  };
+}
 
 try {
   for (let round = 0; round < ROUNDS; round++) {
@@ -259,6 +280,11 @@ try {
     }
     progress(`idle CPU: ${live.map((r) => `${r.variant.name} ${r.idle?.seconds.toFixed(2)} s`).join(", ")} (host ${busy} cores busy)`);
     rounds.push({ round, order: order.map((v) => v.name), hostCpuBusyCores: busy, runs: live });
+    const shipped = live.find((r) => r.variant.name === "shipped");
+    if (shipped && round === ROUNDS - 1) {
+      reexecCost = await measureReexec(shipped);
+      progress(`re-execution: run --help ${JSON.stringify(reexecCost.withoutWallMs)} ms without, ${JSON.stringify(reexecCost.withWallMs)} ms with`);
+    }
     for (const r of [...live].reverse()) await r.agent.node.stop();
     live = [];
   }
@@ -276,6 +302,12 @@ function round1(x: number | undefined): number {
 const perRound = (name: string) => rounds.map((rd) => rd.runs.find((r) => r.variant.name === name) as Run);
 const roles = new Set<string>();
 for (const rd of rounds) for (const r of rd.runs) for (const k of Object.keys(r.idle?.byThread ?? {})) roles.add(k);
+// What each executable has baked in (the shipped build's change as the code does).
+const baked = new Map<string, unknown>();
+for (const [name, path] of binaries) {
+  const { execArgv, runtimeEnv } = JSON.parse(await runOk([path, "version", "--json"])) as { execArgv: string[]; runtimeEnv: Record<string, string> };
+  baked.set(name, { execArgv, runtimeEnv });
+}
 const summaryByVariant = variants.map((v) => {
   const runs = perRound(v.name);
   const base = perRound(variants[0]?.name as string);
@@ -287,6 +319,7 @@ const summaryByVariant = variants.map((v) => {
     what: v.what,
     build: v.build,
     env: v.env,
+    baked: baked.get(v.name),
     idleCpuSecondsPerRound: idle.map((x) => round(x.seconds, 2)),
     idleCpuSeconds: round(median(idle.map((x) => x.seconds)), 2),
     /** Per round against the first variant of the same round (the same machine load), then the median. */
@@ -317,6 +350,7 @@ const thisRun = {
   note:
     "idle: CPU seconds (utime+stime) over idleSeconds with every variant idling at once, each on its own node, after one first apply of the benchmark OSC, the start-ups and the changes; by thread from /proc/PID/task/*/stat (the main thread is named after the executable, gardener-node-a); idleCpuVsFirst: per round against the first variant, then the median; startup: systemd's start of the process → the journal's 'OSC applied' of the first reconcile; reaction: Secret replaced → the changed unit's new process; reactionCpu: the agent's CPU for that change",
   hostCpuBusyCoresWhileIdle: rounds.map((r) => r.hostCpuBusyCores),
+  ...(reexecCost ? { reexecCost } : {}),
   variants: summaryByVariant,
   rounds: rounds.map((rd) => ({
     round: rd.round,
