@@ -5,6 +5,12 @@
 // flock(2) (the state directory's lock: held by the kernel for the open file, so it goes with the
 // process however it ends, and a reused PID can never look like its holder) and a datagram to a unix
 // socket (sd_notify: node:dgram speaks only UDP, under Bun too).
+//
+// And the runtime's own settings (applyRuntimeEnv): the flags baked into the executable, and the
+// environment variables the agent executes itself with (src/runtime-env.ts decides).
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
+import { bakedRuntimeEnv, decideRuntimeEnv, parseReexecMarker, reexecGuard, reexecMarkerPath, type RuntimeEnvDecision } from "./runtime-env.ts";
 type DenoFfi = {
   dlopen(path: string, symbols: Record<string, { parameters: string[]; result: string }>): { symbols: Record<string, (...args: unknown[]) => unknown> };
   UnsafePointerView: new (p: unknown) => { getInt32(): number };
@@ -110,4 +116,88 @@ export async function sendUnixDatagram(path: string, message: string): Promise<v
   }
   const body = new TextEncoder().encode(message);
   if (c.sendto(notifyFd, body, body.length, MSG_NOSIGNAL, addr, addrLen) < 0) throw new Error(`sendto ${path}: errno ${c.errno()}`);
+}
+
+/** The runtime settings this process runs with, for the agent's start-up log line. */
+export type RuntimeSettings = {
+  /** Flags baked into the executable (`--compile-exec-argv`). */
+  execArgv: string[];
+  /** The variables trellis set by executing itself; the operator's own are not listed. */
+  env: Record<string, string>;
+  /** Why trellis set none, when it wanted to. */
+  reason?: string;
+  /** A wanted setting that is not in effect, to be logged as a warning. */
+  warning?: string;
+};
+
+let settings: RuntimeSettings = { execArgv: process.execArgv, env: {} };
+export const runtimeSettings = (): RuntimeSettings => settings;
+
+type ExecveProcess = { execve?: (file: string, args: string[], env: Record<string, string>) => never };
+
+/**
+ * Called first thing by `trellis run`: executes this binary again, in place, with the runtime
+ * variables it was built with (src/runtime-env.ts), unless this process is that execution. Returns
+ * when there is nothing (more) to do; a failure to execute is reported by runtimeSettings().warning.
+ */
+export function applyRuntimeEnv(): void {
+  const wanted = bakedRuntimeEnv();
+  if (Object.keys(wanted).length === 0 && process.env[reexecGuard] === undefined) return;
+  let binary = process.execPath;
+  try {
+    const st = statSync(process.execPath);
+    binary = `${process.execPath} ${st.size} ${Math.trunc(st.mtimeMs)}`;
+  } catch {
+    // the path alone, then
+  }
+  let marker: ReturnType<typeof parseReexecMarker>;
+  try {
+    marker = parseReexecMarker(readFileSync(reexecMarkerPath, "utf8"));
+  } catch {
+    marker = undefined; // none: the usual case
+  }
+  const decision: RuntimeEnvDecision = decideRuntimeEnv({ wanted, env: process.env, binary, marker });
+  const stay = (reason: string, warning?: string) => (settings = { execArgv: process.execArgv, env: {}, reason, ...(warning ? { warning } : {}) });
+  switch (decision.action) {
+    case "executed":
+      rmSync(reexecMarkerPath, { force: true });
+      // Children (an OS update command, containerd's defaults) get the environment the agent was started with.
+      for (const k of decision.scrub) delete process.env[k];
+      settings = { execArgv: process.execArgv, env: decision.set };
+      return;
+    case "stay":
+      stay(decision.reason, decision.warning);
+      return;
+    case "exec": {
+      const execve = (process as unknown as ExecveProcess).execve;
+      if (!g.Bun || typeof execve !== "function") {
+        stay(`${runtimeName()} cannot execute itself`);
+        return;
+      }
+      try {
+        mkdirSync(dirname(reexecMarkerPath), { recursive: true, mode: 0o700 });
+        writeFileSync(reexecMarkerPath, JSON.stringify(decision.marker), { mode: 0o600 });
+      } catch (err) {
+        // Without the marker a refused setting would crash-loop the agent: better without the settings.
+        stay("no marker", `cannot write ${reexecMarkerPath} (${String(err)}); running without the runtime settings ${Object.keys(decision.set).join(", ")}`);
+        return;
+      }
+      try {
+        execve.call(process, process.execPath, [argv0(), ...process.argv.slice(2)], decision.env);
+      } catch (err) {
+        rmSync(reexecMarkerPath, { force: true });
+        stay("execve failed", `could not execute ${process.execPath} again with the runtime settings ${Object.keys(decision.set).join(", ")} (${String(err)}); running without them`);
+      }
+      return;
+    }
+  }
+}
+
+/** The name this process was started under (systemd's ExecStart path), as `ps` shows it. */
+function argv0(): string {
+  try {
+    return readFileSync("/proc/self/cmdline", "utf8").split("\0")[0] || process.execPath;
+  } catch {
+    return process.execPath;
+  }
 }

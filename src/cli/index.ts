@@ -1,6 +1,7 @@
 // Subcommand dispatch. Each command module is imported only when it runs, so `trellis version`
 // does not pay for loading the Kubernetes client or D-Bus.
 import { describeError, journalPrefix } from "../log.ts";
+import { applyRuntimeEnv } from "../runtime.ts";
 import { UsageError } from "./errors.ts";
 
 type Command = { summary: string; load: () => Promise<{ run(args: string[]): Promise<number> }> };
@@ -37,6 +38,9 @@ export async function main(argv: string[]): Promise<number> {
     console.error(`trellis: unknown command "${name}"\n\n${usage()}`);
     return 2;
   }
+  // The agent runs long: before it loads anything, it may execute itself once more with the runtime's
+  // settings (src/runtime-env.ts). The short commands keep the runtime's defaults.
+  if (name === "run") applyRuntimeEnv();
   try {
     return await (await command.load()).run(rest);
   } catch (err) {

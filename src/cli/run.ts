@@ -34,6 +34,7 @@ import { defaultWaitMs } from "../kube/csr.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
+import { runtimeSettings } from "../runtime.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
 import { commit, version } from "../version.ts";
@@ -61,6 +62,8 @@ export async function run(args: string[]): Promise<number> {
   const configDir = values["config-dir"];
   const { file, config } = loadAgentConfig(configDir);
   const log = createLogger({ level: config.logLevel });
+  const runtime = runtimeSettings();
+  if (runtime.warning) log.warn(runtime.warning, { reason: runtime.reason });
   const hostName = values.hostname ?? hostname();
   const controllers = config.controllers;
   // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
@@ -92,7 +95,7 @@ export async function run(args: string[]): Promise<number> {
   }
   const kube = kubeFromConnection(connection);
   if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
-  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName });
+  log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName, runtime: { execArgv: runtime.execArgv, env: runtime.env } });
 
   const systemd = createSystemd({ log });
   const store = createStateStore(files);

@@ -5,6 +5,8 @@ import { startByteProxy } from "../harness/byte-proxy.ts";
 import { type CpuProfile, profileWindow } from "../bench/lib/cpuprofile.ts";
 import { oscYaml } from "../bench/lib/bench-osc.ts";
 import { percentile, summary } from "../bench/lib/stats.ts";
+import { initClockTicks } from "../bench/lib/proc.ts";
+import { ThreadTracker, threadRole } from "../bench/lib/threads.ts";
 
 describe("profileWindow", () => {
   // root → main → parse (leaf), root → main (self), root → (idle); one sample per ms.
@@ -80,4 +82,23 @@ test("the byte-counting relay passes bytes through both ways and counts them", a
     await proxy.close();
     echo.close();
   }
+});
+
+test("the thread tracker splits a process's CPU by thread role, and what it cannot attribute is the rest", async () => {
+  expect(threadRole("Bun Pool 3")).toBe("Bun Pool");
+  expect(threadRole("JITWorker")).toBe("JITWorker");
+  await initClockTicks();
+  const tracker = new ThreadTracker("", process.pid);
+  tracker.start();
+  const until = performance.now() + 300;
+  let x = 0;
+  while (performance.now() < until) x += Math.sqrt(x + 1); // the main thread's own CPU
+  const cpu = tracker.finish();
+  expect(x).toBeGreaterThan(0);
+  expect(cpu.seconds).toBeGreaterThanOrEqual(0.2);
+  const main = Object.entries(cpu.byThread).sort((a, b) => b[1] - a[1])[0];
+  expect(main?.[1]).toBeGreaterThanOrEqual(0.2);
+  const attributed = Object.values(cpu.byThread).reduce((a, b) => a + b, 0);
+  expect(attributed + cpu.unattributed).toBeCloseTo(cpu.seconds, 1);
+  expect(Object.values(cpu.threadsAtEnd).reduce((a, b) => a + b, 0)).toBeGreaterThanOrEqual(1);
 });
