@@ -52,6 +52,11 @@ import { createInPlaceUpdater, type InPlaceUpdaterDeps, type OsUpdate, readyForU
 import { hasInPlaceChanges } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
+const cpuMsSince = (from: ReturnType<typeof process.cpuUsage>) => {
+  const d = process.cpuUsage(from);
+  return Math.round((d.user + d.system) / 1000);
+};
+
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
   reconciliationDelay: "node-agent.gardener.cloud/reconciliation-delay",
@@ -220,6 +225,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     log,
     onEvent: (e) => {
       secret = e.type === "DELETED" ? undefined : e.object;
+      // When this node learnt of a change, before any work on it: with the "OSC applied" line after it,
+      // where a slow rollout spent its time on this node (delivery or the node's own work).
+      log.info("OSC Secret changed", { event: e.type.toLowerCase(), resourceVersion: e.object.metadata?.resourceVersion });
       trigger(`secret ${e.type.toLowerCase()}`);
     },
   });
@@ -266,6 +274,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   async function reconcile(why: string): Promise<Wait> {
     status.reconciles++;
+    const cpuAtStart = process.cpuUsage();
     if (!secret) {
       status.lastResult = "waiting";
       log.info("waiting for the OSC Secret", { secret: `kube-system/${deps.secretName}`, why });
@@ -395,6 +404,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
       failures: outcome.failures.length,
       resumed: outcome.resumed,
       durationMs: now() - started,
+      // The process's CPU (every thread: the runtime's compiler and GC too) since the reconcile began:
+      // with the wall time above, whether a slow one worked or waited (for the CPU, systemd, the disk).
+      cpuMs: cpuMsSince(cpuAtStart),
       restarted: outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : [])),
     });
     if (!outcome.complete) {
