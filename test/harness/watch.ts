@@ -5,14 +5,15 @@ import { type KubeConfig, type KubernetesObject, Watch } from "@kubernetes/clien
 
 /**
  * Watches the object `name` in the collection at `path` (e.g. "/api/v1/nodes",
- * "/api/v1/namespaces/default/pods") until `check` returns something other than undefined, and returns
- * that. The error on timeout carries `describe` of the last version seen.
+ * "/api/v1/namespaces/default/pods"), or every object there when `name` is undefined, until `check`
+ * returns something other than undefined, and returns that. The error on timeout carries `describe` of
+ * the last version seen.
  */
 export function watchUntil<T extends KubernetesObject, R>(
   kc: KubeConfig,
   what: string,
   path: string,
-  name: string,
+  name: string | undefined,
   check: (obj: T) => R | undefined,
   opts: { timeoutMs: number; describe?: (obj: T) => string },
 ): Promise<R> {
@@ -35,7 +36,7 @@ export function watchUntil<T extends KubernetesObject, R>(
       try {
         watch = await new Watch(kc).watch(
           path,
-          { fieldSelector: `metadata.name=${name}` },
+          name === undefined ? {} : { fieldSelector: `metadata.name=${name}` },
           (phase, obj: T) => {
             if (phase !== "ADDED" && phase !== "MODIFIED") return;
             last = obj;
