@@ -3,7 +3,8 @@
 //   → the agent's watch event (its "OSC Secret changed" log line) → its apply starting ("OSC applied",
 //   less the apply's durationMs) → the changed unit's new process started (the unit's own record,
 //   test/bench/lib/bench-osc.ts) → the apply finished ("OSC applied") → the Node PATCH that set the
-//   checksum annotation (audit) → a watch on the Nodes (this bench) seeing the annotation.
+//   checksum annotation received and answered by the API server (audit) → a watch on the Nodes (this
+//   bench) seeing the annotation.
 // And what the rollout cost in CPU, per process kind: each agent, each node's systemd and journald,
 // kube-apiserver, etcd, this bench, and the machine as a whole (other helpers share it): the floor on 2
 // cores is that CPU divided by the cores.
@@ -41,6 +42,8 @@ type NodeTrace = {
   applyStart?: number;
   unitStarted?: number;
   applied?: number;
+  /** The PATCH that set the annotation: received by the API server, and answered (audit). */
+  patchReceived?: number;
   patched?: number;
   watched?: number;
   /** Metadata PATCHes of this Node by its agent in the window (1 expected: the checksum annotation). */
@@ -142,6 +145,7 @@ export async function traceRollout(input: TraceInput) {
         applyStart: appliedLine ? at(appliedLine) - Number(appliedLine.fields.durationMs) : undefined,
         unitStarted: unitStarts[0] !== undefined ? unitStarts[0] - t0 : undefined,
         applied: appliedLine ? at(appliedLine) : undefined,
+        patchReceived: patches[0] ? auditMs(patches[0].requestReceivedTimestamp) - t0 : undefined,
         patched: patches[0] ? auditMs(patches[0].stageTimestamp) - t0 : undefined,
         watched: w !== undefined ? w - t0 : undefined,
         metadataPatches: patches.length,
@@ -215,7 +219,8 @@ export async function traceRollout(input: TraceInput) {
       toApplyStart: phase((n) => n.seen, (n) => n.applyStart),
       applyToUnitStarted: phase((n) => n.applyStart, (n) => n.unitStarted),
       unitStartedToApplied: phase((n) => n.unitStarted, (n) => n.applied),
-      appliedToPatched: phase((n) => n.applied, (n) => n.patched),
+      appliedToPatchReceived: phase((n) => n.applied, (n) => n.patchReceived),
+      patchInApiServer: phase((n) => n.patchReceived, (n) => n.patched),
       patchedToWatched: phase((n) => n.patched, (n) => n.watched),
     },
     cpu: {
