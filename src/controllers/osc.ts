@@ -53,6 +53,11 @@ import { createInPlaceUpdater, type InPlaceUpdaterDeps, type OsUpdate, readyForU
 import { hasInPlaceChanges } from "../plan/in-place.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 
+const cpuMsSince = (from: ReturnType<typeof process.cpuUsage>) => {
+  const d = process.cpuUsage(from);
+  return Math.round((d.user + d.system) / 1000);
+};
+
 export const annotations = {
   appliedChecksum: "checksum/cloud-config-data",
   reconciliationDelay: "node-agent.gardener.cloud/reconciliation-delay",
@@ -231,6 +236,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     log,
     onEvent: (e) => {
       secret = e.type === "DELETED" ? undefined : e.object;
+      // When this node learnt of a change, before any work on it: with the "OSC applied" line after it,
+      // where a slow rollout spent its time on this node (delivery or the node's own work).
+      log.info("OSC Secret changed", { event: e.type.toLowerCase(), resourceVersion: e.object.metadata?.resourceVersion });
       trigger(`secret ${e.type.toLowerCase()}`);
     },
   });
@@ -277,6 +285,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
 
   async function reconcile(why: string): Promise<Wait> {
     status.reconciles++;
+    const cpuAtStart = process.cpuUsage();
     if (!secret) {
       status.lastResult = "waiting";
       log.info("waiting for the OSC Secret", { secret: `kube-system/${deps.secretName}`, why });
@@ -407,6 +416,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
       failures: outcome.failures.length,
       resumed: outcome.resumed,
       durationMs: now() - started,
+      // The process's CPU (every thread: the runtime's compiler and GC too) since the reconcile began:
+      // with the wall time above, whether a slow one worked or waited (for the CPU, systemd, the disk).
+      cpuMs: cpuMsSince(cpuAtStart),
       restarted: outcome.executed.flatMap((s) => (s.kind === "restart" ? [s.unit] : [])),
     });
     if (!outcome.complete) {
@@ -433,11 +445,12 @@ export function startOscController(deps: OscControllerDeps): OscController {
     status.lastError = undefined;
     for (const step of outcome.executed) if (step.kind === "restart") restarts.inc({ unit: step.unit });
     appliedChecksum = checksum;
-    await oscParser.keep(base);
-    await pruneImages(desired);
     // Released after reporting, so the next node starts once this one shows the OSC as applied.
     // The Node as it is now: it may have registered (or its watch synced) while the apply ran.
     await reportSuccess(deps.node.current(), { base, checksum }, desired, outcome).finally(() => gate?.release());
+    // Housekeeping after the report: the Node says the OSC is applied as soon as it is.
+    await oscParser.keep(base);
+    await pruneImages(desired);
     if (gatedUnits.length > 0) return { atMs: now() + gateLookMs, why: "health gate" };
     if (settings.budget) await deps.rollout.applied({ base, checksum }, applied);
     if (resolved.waitingFor.length > 0) {
@@ -676,9 +689,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const wanted = await nodeMetadata(ids, desired);
     const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
     const firstReport = (have[effectiveChecksumAnnotation] ?? have[annotations.appliedChecksum]) !== checksum;
-    // A no-op re-check costs no API request (null: a key that must be absent).
+    // A no-op re-check costs no API request (null: a key that must be absent). The patched Node, as the
+    // server answered, is what the condition below is patched against, without reading it again.
+    let patched: V1Node | undefined;
     if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => (have[k] ?? null) !== v)) {
-      await patchNodeMetadata(deps.kube, name, wanted);
+      patched = await patchNodeMetadata(deps.kube, name, wanted);
     }
     const done = outcome.executed.length > 0 || outcome.resumed ? summaryOf(outcome.executed) : firstReport ? await persistedSummary(checksum) : undefined;
     if (done) {
@@ -689,7 +704,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
         message: `Applied OSC ${checksum.slice(0, 12)}: ${done.steps} step(s)${done.restarted.length ? `, restarted ${done.restarted.join(", ")}` : ""}`,
       });
     }
-    await setCondition(current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`);
+    await setCondition(patched ?? current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`, patched !== undefined);
   }
 
   // What the apply of `checksum` did, as it was recorded (possibly by this agent before it restarted itself).
@@ -714,8 +729,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
     };
   }
 
-  async function setCondition(current: V1Node, value: "True" | "False", reason: string, message: string): Promise<void> {
-    await patchNodeConditionIfChanged(deps.kube, current, { type: conditionType, status: value, reason, message }).catch((err: unknown) =>
+  /** `fresh`: `current` is the server's answer to this agent's own write just now (see patchNodeConditionIfChanged). */
+  async function setCondition(current: V1Node, value: "True" | "False", reason: string, message: string, fresh = false): Promise<void> {
+    await patchNodeConditionIfChanged(deps.kube, current, { type: conditionType, status: value, reason, message }, { fresh }).catch((err: unknown) =>
       log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) }),
     );
   }

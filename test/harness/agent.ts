@@ -56,6 +56,8 @@ export type AgentNodeOptions = {
   registerNode?: boolean;
   /** More of the configuration's `controllers` section, as YAML indented by two spaces (e.g. "  drift: {mode: report}\n"). */
   controllers?: string;
+  /** Environment of the agent's process, set in a drop-in of its unit (e.g. a runtime knob a benchmark compares). */
+  environment?: Record<string, string>;
 };
 
 export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): Promise<AgentNode> {
@@ -98,6 +100,10 @@ ${opts.controllers ?? ""}`,
   );
   await node.install(opts.binary ?? (await trellisBinary()), "/opt/bin/gardener-node-agent");
   await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
+  if (opts.environment && Object.keys(opts.environment).length > 0) {
+    const lines = Object.entries(opts.environment).map(([k, v]) => `Environment=${JSON.stringify(`${k}=${v}`)}`);
+    await node.writeFile("/etc/systemd/system/gardener-node-agent.service.d/50-environment.conf", `[Service]\n${lines.join("\n")}\n`, 0o644);
+  }
   await node.execOk(["systemctl", "daemon-reload"]);
   // --no-block: the unit is Type=notify, ready only after the first reconcile; tests wait for what they need.
   if (opts.start !== false) await node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);

@@ -1,7 +1,7 @@
 // A real Kubernetes control plane for e2e tests: etcd + kube-apiserver (+ kube-controller-manager),
 // built from upstream by test/cluster/build.sh, listening on 127.0.0.1 only, with its own PKI, ports
 // and data directory per cluster so that clusters never collide.
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { KubeConfig } from "@kubernetes/client-node";
 import type { Subprocess } from "bun";
 import { atExit } from "./cleanup.ts";
@@ -62,6 +62,14 @@ export type ClusterOptions = {
    * relay on another address: nodes on the bridge connect to 10.233.0.1 (test/harness/bridge-relay.ts).
    */
   servingIps?: string[];
+  /**
+   * Runs etcd and kube-apiserver each in a session of its own, whose autogroup (the kernel's unit of fair
+   * CPU share, one per session) gets this nice value. The fleet bench puts 50 nodes beside the control
+   * plane on 2 cores, and every systemd service is a session: at nice 0 the control plane's share while
+   * the agents work is one 51st, and the requests they make wait for it (-20: served first; its CPU
+   * still counts against the same cores).
+   */
+  controlPlaneNice?: number;
 };
 
 /** Starts a control plane and waits until it serves requests (and, with the controller manager, runs controllers). */
@@ -76,8 +84,8 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
   const auditLog = `${dir}/audit.log`;
   writeFileSync(`${dir}/audit-policy.yaml`, auditPolicy);
 
-  const etcd = new Daemon("etcd", etcdArgs(bin, dir, etcdPort, peerPort), dir);
-  const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog), dir);
+  const etcd = new Daemon("etcd", etcdArgs(bin, dir, etcdPort, peerPort), dir, opts.controlPlaneNice);
+  const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog), dir, opts.controlPlaneNice);
   const kcm = new Daemon("kube-controller-manager", kcmArgs(bin, pki, kcmKubeconfig, kcmPort), dir);
   const daemons = opts.controllerManager === false ? [etcd, apiserver] : [etcd, apiserver, kcm];
   const extraApiServers: Daemon[] = [];
@@ -388,6 +396,8 @@ class Daemon {
     readonly name: string,
     private readonly cmd: string[],
     private readonly dir: string,
+    /** The nice value of the daemon's own session's autogroup (ClusterOptions.controlPlaneNice). */
+    private readonly nice?: number,
   ) {
     this.log = `${dir}/${name}.log`;
   }
@@ -402,7 +412,9 @@ class Daemon {
       writeFileSync(fd, `--- ${new Date().toISOString()} ${this.cmd.join(" ")}\n`);
       // pdeathsig covers a bun killed by SIGKILL, where no exit hook runs; setpriv execs the daemon,
       // so proc.pid is the daemon's own PID.
-      const proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...this.cmd], {
+      // setsid execs too (a spawned child leads no process group), so the PID stays the daemon's.
+      const session = this.nice === undefined ? [] : ["setsid"];
+      const proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...session, ...this.cmd], {
         stdio: ["ignore", fd, fd],
         // etcd reads ETCD_* variables as flags, and proxy variables have no business here.
         env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: this.dir },
@@ -410,8 +422,24 @@ class Daemon {
       const forget = atExit(() => alive(proc.pid) && process.kill(proc.pid, "SIGKILL"));
       void proc.exited.then(forget);
       this.proc = proc;
+      if (this.nice !== undefined) void this.niceSession(proc.pid, this.nice);
     } finally {
       closeSync(fd);
+    }
+  }
+
+  /**
+   * Sets the nice value of the autogroup of `pid`'s session, once it has its own: written before setsid
+   * ran, it would change the autogroup of the session that started it (this test run's). A failure is
+   * written to the daemon's log; the daemon runs on at nice 0.
+   */
+  private async niceSession(pid: number, nice: number): Promise<void> {
+    const group = (p: number | "self") => readFileSync(`/proc/${p}/autogroup`, "utf8").split(" ")[0];
+    try {
+      await waitFor(`${this.name} in a session of its own`, () => group(pid) !== group("self"), 5_000, 5);
+      writeFileSync(`/proc/${pid}/autogroup`, String(nice));
+    } catch (err) {
+      if (alive(pid)) appendFileSync(this.log, `--- could not set the nice value of its session's autogroup to ${nice}: ${String(err)}\n`);
     }
   }
 

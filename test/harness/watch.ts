@@ -8,7 +8,7 @@ import { type KubeConfig, type KubernetesObject, Watch } from "@kubernetes/clien
  * stop(). A watch the server ends (or that fails while the server starts) is opened again, from the
  * resourceVersion `resumeFrom` gives, or with the object as it is then.
  */
-function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string, onObject: (obj: T) => void, resumeFrom: () => string | undefined = () => undefined): { stop(): void } {
+function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string | undefined, onObject: (obj: T) => void, resumeFrom: () => string | undefined = () => undefined): { stop(): void } {
   let stopped = false;
   let watch: AbortController | undefined;
   const open = async (): Promise<void> => {
@@ -16,7 +16,7 @@ function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, 
       const resourceVersion = resumeFrom();
       watch = await new Watch(kc).watch(
         path,
-        { fieldSelector: `metadata.name=${name}`, ...(resourceVersion ? { resourceVersion } : {}) },
+        { ...(name === undefined ? {} : { fieldSelector: `metadata.name=${name}` }), ...(resourceVersion ? { resourceVersion } : {}) },
         (phase, obj: T) => {
           if (!stopped && (phase === "ADDED" || phase === "MODIFIED")) onObject(obj);
         },
@@ -39,14 +39,15 @@ function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, 
 
 /**
  * Watches the object `name` in the collection at `path` (e.g. "/api/v1/nodes",
- * "/api/v1/namespaces/default/pods") until `check` returns something other than undefined, and returns
- * that. The error on timeout carries `describe` of the last version seen.
+ * "/api/v1/namespaces/default/pods"), or every object there when `name` is undefined, until `check`
+ * returns something other than undefined, and returns that. The error on timeout carries `describe` of
+ * the last version seen.
  */
 export function watchUntil<T extends KubernetesObject, R>(
   kc: KubeConfig,
   what: string,
   path: string,
-  name: string,
+  name: string | undefined,
   check: (obj: T) => R | undefined,
   opts: { timeoutMs: number; describe?: (obj: T) => string },
 ): Promise<R> {

@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Kube } from "../../src/kube/client.ts";
-import { rejection } from "../harness/exec.ts";
+import { rejection, waitFor } from "../harness/exec.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
 import { findNode, patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
@@ -145,6 +145,26 @@ test("concurrent condition writers: a 409 on the resourceVersion they decided on
   expect(results).toHaveLength(4);
   const conflicts = auditOf(cluster, "node-agent").filter((e) => e.objectRef?.name === "node-d" && e.responseStatus?.code === 409);
   expect(conflicts.length).toBeGreaterThan(0);
+});
+
+test("a condition patched against the Node a write just returned: no read; a stale one costs a 409 and the read", async () => {
+  const reads = () => auditOf(cluster, "node-agent").filter((e) => e.objectRef?.name === "node-a" && e.verb === "get").length;
+  const condition = { type: "OperatingSystemConfigApplied", status: "True", reason: "Applied", message: "OSC abc is applied" } as const;
+  const patched = await patchNodeMetadata(agent, "node-a", { annotations: { "checksum/cloud-config-data": "fresh" } });
+  const before = reads();
+  const node = await patchNodeCondition(agent, "node-a", condition, { fresh: patched });
+  expect(node.status?.conditions?.find((c) => c.type === condition.type)).toMatchObject({ status: "True", reason: "Applied" });
+  expect(reads()).toBe(before);
+
+  // The Node changed since `patched` was answered: the precondition fails, and the next attempt reads it.
+  await patchNodeMetadata(agent, "node-a", { annotations: { x: "changed meanwhile" } });
+  const again = await patchNodeCondition(agent, "node-a", { ...condition, status: "False", reason: "ApplyFailed", message: "failed" }, { fresh: patched });
+  expect(again.status?.conditions?.find((c) => c.type === condition.type)).toMatchObject({ status: "False", reason: "ApplyFailed" });
+  // The audit log is written as each response completes.
+  const conflicts = () => auditOf(cluster, "node-agent").filter((e) => e.objectRef?.name === "node-a" && e.objectRef.subresource === "status" && e.responseStatus?.code === 409).length;
+  await waitFor("the 409 and the read in the audit log", () => reads() === before + 1 && conflicts() === 1, 5_000, 50);
+  expect(reads()).toBe(before + 1);
+  expect(conflicts()).toBe(1);
 });
 
 describe("events", () => {

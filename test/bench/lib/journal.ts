@@ -1,7 +1,8 @@
 // An agent's log lines from the node's journal: both agents log JSON with a `msg` field.
 import type { Node } from "../../harness/node.ts";
 
-export type JournalLine = { msg: string; monoUs: number };
+/** `fields`: the whole JSON line (the agent's own `ts` among them). */
+export type JournalLine = { msg: string; monoUs: number; fields: Record<string, unknown> };
 
 /** The JSON log lines of process `pid`, with journald's receive time on CLOCK_MONOTONIC (µs). */
 export async function journal(node: Node, pid: number): Promise<JournalLine[]> {
@@ -11,8 +12,8 @@ export async function journal(node: Node, pid: number): Promise<JournalLine[]> {
     const entry = JSON.parse(line) as { MESSAGE?: unknown; __MONOTONIC_TIMESTAMP: string };
     if (typeof entry.MESSAGE !== "string" || !entry.MESSAGE.startsWith("{")) return [];
     try {
-      const msg = String((JSON.parse(entry.MESSAGE) as { msg?: unknown }).msg);
-      return [{ msg, monoUs: Number(entry.__MONOTONIC_TIMESTAMP) }];
+      const fields = JSON.parse(entry.MESSAGE) as Record<string, unknown>;
+      return [{ msg: String(fields.msg), monoUs: Number(entry.__MONOTONIC_TIMESTAMP), fields }];
     } catch {
       return []; // a line that merely starts with "{"
     }
