@@ -172,7 +172,11 @@ test("in a crash loop too: the hold limit counts across the broken agent's resta
   expect(crashes).toBeGreaterThanOrEqual(2);
   const heldS = Number(/held the serial lease \S+ for (\d+(?:\.\d+)?)s/.exec(given.message ?? "")?.[1]);
   expect(heldS).toBeGreaterThanOrEqual(limitS);
-  expect(Number(/failed (\d+) apply attempt/.exec(given.message ?? "")?.[1])).toBeGreaterThan(crashes);
+  // Each process saw one failure: a count of two or more was carried across restarts. A kill that lands
+  // between the "OSC apply incomplete" line the loop waits for and the hold's save loses that one failure.
+  const attempts = Number(/failed (\d+) apply attempt/.exec(given.message ?? "")?.[1]);
+  expect(attempts).toBeGreaterThanOrEqual(2);
+  expect(attempts).toBeLessThanOrEqual(crashes + 1);
   await Promise.all(others.map((n) => waitApplied(n, checksum, 60_000)));
 
   await broken.node.execOk(["rm", "-f", breakDropIn, `/etc/systemd/system/${unit}.d/no-start-limit.conf`]);
