@@ -138,11 +138,21 @@ try {
   };
   await Promise.all(Array.from({ length: PARALLEL }, worker));
   progress(`${agents.length} nodes booted in ${round((wallNow() - started) / 1000)} s${stoppedForMemory ? " (stopped: memory)" : ""}; waiting for every node to apply the OSC`);
-  const annotated = async (checksum: string) => {
+  const notAnnotated = async (checksum: string) => {
     const list = await core.listNode();
-    return list.items.filter((n) => n.metadata?.annotations?.["checksum/cloud-config-data"] === checksum).length;
+    const done = new Set(list.items.filter((n) => n.metadata?.annotations?.["checksum/cloud-config-data"] === checksum).map((n) => n.metadata?.name));
+    return agents.filter((a) => !done.has(a.name));
   };
-  await waitFor("every node to apply the OSC", async () => (await annotated(sha256Hex(text))) === agents.length, 300_000, 1_000);
+  try {
+    await waitFor("every node to apply the OSC", async () => (await notAnnotated(sha256Hex(text))).length === 0, 300_000, 1_000);
+  } catch (err) {
+    // What the nodes that did not get there say, before they are stopped.
+    for (const a of await notAnnotated(sha256Hex(text))) {
+      const unit = await a.node.exec(["systemctl", "status", "--no-pager", "--lines=15", "gardener-node-agent.service"]);
+      console.error(`--- ${a.name} has not applied the OSC:\n${unit.stdout}${unit.stderr}`);
+    }
+    throw err;
+  }
   const n = agents.length;
   const agentRss = await Promise.all(
     agents.map(async (a) => (await memoryKiB(a.node, await mainPid(a, "gardener-node-agent.service"))).vmRssKiB / 1024),

@@ -17,7 +17,8 @@ import { watchUntil } from "../../harness/watch.ts";
 import { type AuditTail, auditMs } from "./audit.ts";
 import { secretBody, starts } from "./bench-osc.ts";
 import { journal } from "./journal.ts";
-import { busyCores, cpuSecondsAt, hostCpu, threadCpuAt } from "./proc.ts";
+import { busyCores, cpuSecondsAt, hostCpu } from "./proc.ts";
+import { ThreadTracker } from "./threads.ts";
 import { round, summary, type Summary } from "./stats.ts";
 
 const checksumAnnotation = "checksum/cloud-config-data";
@@ -99,8 +100,8 @@ export async function traceRollout(input: TraceInput) {
   );
   await opened;
 
-  const threads = () => agents.map((a, i) => threadCpuAt(a.node.root, (pids[i] as Pids).agent));
-  const threads0 = threads();
+  const threads = agents.map((a, i) => new ThreadTracker(a.node.root, (pids[i] as Pids).agent));
+  for (const t of threads) t.start();
   const cpu0 = cpuOf();
   const cp0 = controlPlane();
   const bench0 = benchCpu();
@@ -115,7 +116,7 @@ export async function traceRollout(input: TraceInput) {
   await waitFor("every agent to set its Node condition", () => agents.every(statusPatched), 60_000, 100);
   const t1 = wallNow();
   const cpu1 = cpuOf();
-  const threads1 = threads();
+  const threadCpu = threads.map((t) => t.finish());
   const cp1 = controlPlane();
   const bench1 = benchCpu();
   const host1 = hostCpu();
@@ -169,13 +170,12 @@ export async function traceRollout(input: TraceInput) {
   // The agents' CPU by thread (the runtime's JIT compiler, GC, file system and HTTP threads beside
   // the JavaScript thread), summed over the agents.
   const byThread = new Map<string, number>();
-  threads1.forEach((t1, i) => {
-    for (const [name, s] of t1) {
-      // One name for the main thread, whatever the binary is called (its comm is cut to 15 characters).
-      const key = name.startsWith("gardener-node") || name.startsWith("trellis") ? "main (JavaScript)" : name.replace(/ \d+$/, "");
-      byThread.set(key, (byThread.get(key) ?? 0) + s - (threads0[i]?.get(name) ?? 0));
-    }
-  });
+  const add = (key: string, s: number) => byThread.set(key, (byThread.get(key) ?? 0) + s);
+  for (const t of threadCpu) {
+    // One name for the main thread, whatever the binary is called (its comm is cut to 15 characters).
+    for (const [role, s] of Object.entries(t.byThread)) add(role.startsWith("gardener-node") || role.startsWith("trellis") ? "main (JavaScript)" : role, s);
+    add("threads that ended", t.unattributed);
+  }
   const sum = (xs: number[]) => xs.reduce((s, x) => s + x, 0);
   const cpu = {
     agentsS: round(sum(nodes.map((n) => n.agentCpuMs)) / 1000, 2),

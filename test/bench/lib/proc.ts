@@ -1,6 +1,6 @@
 // What a process inside a node costs, read from the host through /proc (spawns nothing, so sampling
 // it often does not disturb what is measured), and what the machine is.
-import { readdirSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { runOk } from "../../harness/exec.ts";
 import type { Node } from "../../harness/node.ts";
 import { round } from "./stats.ts";
@@ -55,23 +55,3 @@ export function hostCpu(): { busy: number; at: number } {
 }
 export const busyCores = (from: { busy: number; at: number }, to: { busy: number; at: number }) =>
   round((to.busy - from.busy) / clockTicks / ((to.at - from.at) / 1000), 2);
-
-/**
- * CPU seconds of each thread of a process, summed by thread name (comm: "JITWorker", "HTTP Client", the
- * main thread under the process's name), from /proc/PID/task/TID/schedstat (nanoseconds, where stat
- * counts clock ticks of 10 ms). Threads that exited are not counted.
- */
-export function threadCpuAt(root: string, pid: number): Map<string, number> {
-  const out = new Map<string, number>();
-  const dir = `${root}/proc/${pid}/task`;
-  for (const tid of readdirSync(dir)) {
-    try {
-      const comm = readFileSync(`${dir}/${tid}/comm`, "utf8").trim();
-      const ns = Number(readFileSync(`${dir}/${tid}/schedstat`, "utf8").split(" ")[0]);
-      out.set(comm, (out.get(comm) ?? 0) + ns / 1e9);
-    } catch {
-      // the thread exited between the listing and the read
-    }
-  }
-  return out;
-}
