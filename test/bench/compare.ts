@@ -125,6 +125,7 @@ async function startBench(agent: BenchAgent, syncPeriod = "10m"): Promise<Bench>
     syncPeriod,
     binary: agent.binary,
     configName: agent.configName,
+    unit: agent.unit,
     rules: agent.rules([secretName]),
     server: proxy.server,
     containerd: true,

@@ -147,6 +147,7 @@ try {
       secretName,
       binary: agent.binary,
       configName: agent.configName,
+      unit: agent.unit,
       rules: agent.rules([secretName]),
       server: relay.server,
       containerd: true,

@@ -54,6 +54,8 @@ export type AgentNodeOptions = {
   containerd?: boolean;
   /** Create the Node object (default); false: the test registers it later, as kubelet would (registerNode). */
   registerNode?: boolean;
+  /** The agent's unit file (default: trellis's, agentUnitText; the peer's benchmarks run gardener-node-agent under Gardener's). */
+  unit?: string;
   /** More of the configuration's `controllers` section, as YAML indented by two spaces (e.g. "  drift: {mode: report}\n"). */
   controllers?: string;
   /** Environment of the agent's process, set in a drop-in of its unit (e.g. a runtime knob a benchmark compares). */
@@ -99,7 +101,7 @@ ${opts.controllers ?? ""}`,
     0o600,
   );
   await node.install(opts.binary ?? (await trellisBinary()), "/opt/bin/gardener-node-agent");
-  await node.writeFile("/etc/systemd/system/gardener-node-agent.service", agentUnitText, 0o644);
+  await node.writeFile("/etc/systemd/system/gardener-node-agent.service", opts.unit ?? agentUnitText, 0o644);
   if (opts.environment && Object.keys(opts.environment).length > 0) {
     const lines = Object.entries(opts.environment).map(([k, v]) => `Environment=${JSON.stringify(`${k}=${v}`)}`);
     await node.writeFile("/etc/systemd/system/gardener-node-agent.service.d/50-environment.conf", `[Service]\n${lines.join("\n")}\n`, 0o644);

@@ -4,7 +4,7 @@
 // each needs to run at all: the config file's name, and the RBAC (gardener-node-agent's informers list
 // and watch more, see below).
 import { chmodSync, copyFileSync } from "node:fs";
-import { agentRules, type AgentNodeOptions } from "../../harness/agent.ts";
+import { agentRules, type AgentNodeOptions, agentUnitText } from "../../harness/agent.ts";
 import { trellisBinary } from "../../harness/binary.ts";
 import { runDir, runOk } from "../../harness/exec.ts";
 
@@ -17,12 +17,35 @@ export interface BenchAgent {
   binary: string;
   version: string;
   configName: string;
+  /**
+   * The unit it runs under: trellis's (Type=notify: ready after its first reconcile) or Gardener's for
+   * gardener-node-agent (a simple service; under trellis's it never reports ready, and `systemctl start`
+   * would wait for ever).
+   */
+  unit: string;
   rules: (secrets: string[]) => NonNullable<AgentNodeOptions["rules"]>;
   /** The journal message that ends a reconcile that found nothing to do. */
   noopDoneMessage: string;
 }
 
 const peerBuildScript = new URL("../../peer/build.sh", import.meta.url).pathname;
+
+/** gardener-node-agent's unit as Gardener v1.150.0 writes it (nodeagent.UnitContent), restarting after 1 s as trellis's does in the tests. */
+const peerUnit = `[Unit]
+Description=Gardener Node Agent
+After=network-online.target
+
+[Service]
+LimitMEMLOCK=infinity
+ExecStart=/opt/bin/gardener-node-agent --config-dir=/var/lib/gardener-node-agent
+Restart=always
+RestartSec=1
+StandardOutput=journal+console
+StandardError=journal
+
+[Install]
+WantedBy=multi-user.target
+`;
 
 /**
  * gardener-node-agent's RBAC, from what its manager's caches and controllers ask (Gardener grants it
@@ -63,6 +86,7 @@ export async function benchAgents(): Promise<BenchAgent[]> {
       binary: trellis,
       version: JSON.parse(await runOk([trellis, "version", "--json"])).version,
       configName: "config.yaml",
+      unit: agentUnitText,
       rules: agentRules,
       noopDoneMessage: "OSC applied",
     },
@@ -72,6 +96,7 @@ export async function benchAgents(): Promise<BenchAgent[]> {
       binary: peer,
       version: peerVersion,
       configName: `config-${peerVersion}.yaml`,
+      unit: peerUnit,
       rules: peerRules,
       noopDoneMessage: "Configuration on this node is up to date, nothing to be done",
     },
