@@ -1,14 +1,13 @@
 // The agent's state on the node (src/api/state.ts), read and written atomically through Files; the same
-// for the other JSON files the agent keeps (jsonStore).
+// for the other JSON files the agent keeps (jsonStore, src/host/json-store.ts).
 // A state file that exists but cannot be parsed is an error, never silently replaced by an empty
 // state: that would make trellis forget what it owns.
-import * as v from "valibot";
-import { formatIssues } from "../api/issues.ts";
 import { dirname } from "node:path";
 import { baseDir, credentialsDir, paths } from "../api/paths.ts";
 import { statusPath } from "../api/status-file.ts";
 import { type AgentState, AgentStateSchema, emptyState } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
+import { jsonStore } from "../host/json-store.ts";
 
 export const statePath = `${baseDir}/trellis/state.json`;
 /** The lock one trellis at a time holds while it changes the node (src/host/state-lock.ts). */
@@ -24,26 +23,6 @@ export type StateStore = {
 export function createStateStore(files: Files): StateStore {
   const store = jsonStore(files, statePath, AgentStateSchema, emptyState);
   return { ...store, writeLastAppliedOsc: (oscYaml) => files.writeAtomic(paths.lastAppliedOsc, oscYaml, 0o600) };
-}
-
-/** A JSON file of the agent's (0600), parsed with `schema`; missing is `empty()`, unreadable is an error naming the file. */
-export function jsonStore<S extends v.GenericSchema>(files: Files, path: string, schema: S, empty: () => v.InferOutput<S>) {
-  return {
-    read: async (): Promise<v.InferOutput<S>> => {
-      const raw = await files.read(path);
-      if (!raw) return empty();
-      let doc: unknown;
-      try {
-        doc = JSON.parse(new TextDecoder().decode(raw));
-      } catch (err) {
-        throw new Error(`${path}: not valid JSON (${err instanceof Error ? err.message : String(err)}); move it away to start over`);
-      }
-      const r = v.safeParse(schema, doc);
-      if (!r.success) throw new Error(`${path}: ${formatIssues(r.issues).join("; ")}; move it away to start over`);
-      return r.output;
-    },
-    write: (value: v.InferOutput<S>) => files.writeAtomic(path, `${JSON.stringify(value)}\n`, 0o600),
-  };
 }
 
 // Where the agent writes its own files: state, rollout record and last good OSC; last-applied-osc.yaml;

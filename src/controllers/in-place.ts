@@ -9,7 +9,7 @@ import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../ap
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import type { Result } from "../api/result.ts";
-import { jsonStore } from "../apply/state-store.ts";
+import { jsonStore } from "../host/json-store.ts";
 import { machineBoot } from "../host/boot-clock.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";

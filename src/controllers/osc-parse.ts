@@ -11,6 +11,7 @@ import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../api/
 import type { Result } from "../api/result.ts";
 import { object } from "../api/shapes.ts";
 import type { Files } from "../host/files.ts";
+import { jsonStore } from "../host/json-store.ts";
 import { describeError, type Logger } from "../log.ts";
 
 const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), osc: OperatingSystemConfigSchema });
@@ -28,9 +29,10 @@ export type OscParser = {
 };
 
 export function createOscParser(o: { files: Files; path: string; log: Logger }): OscParser {
+  const store = jsonStore(o.files, o.path, v.optional(ParsedOscSchema), () => undefined, { maxBytes: maxFileBytes });
   let last: { checksum: string; result: Result<OperatingSystemConfig> } | undefined;
   let kept: Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> | undefined;
-  const readOnce = () => (kept ??= readKept(o.files, o.path, o.log));
+  const readOnce = () => (kept ??= readKept(store, o.path, o.log));
 
   return {
     async parse(bytes, checksum, source) {
@@ -45,18 +47,14 @@ export function createOscParser(o: { files: Files; path: string; log: Logger }):
       if (last?.checksum !== checksum || !last.result.ok || !jsonExact(last.result.value)) return;
       const osc = last.result.value;
       kept = Promise.resolve({ checksum, osc });
-      await o.files.writeAtomic(o.path, JSON.stringify({ version: 1, checksum, osc }), 0o600).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
+      await store.write({ version: 1, checksum, osc }).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
     },
   };
 }
 
-async function readKept(files: Files, path: string, log: Logger): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> {
+async function readKept(store: { read(): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> }, path: string, log: Logger): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> {
   try {
-    const raw = await files.read(path, { maxBytes: maxFileBytes });
-    if (!raw) return undefined;
-    const parsed = v.safeParse(ParsedOscSchema, JSON.parse(new TextDecoder().decode(raw)));
-    if (!parsed.success) throw new Error(v.summarize(parsed.issues));
-    return parsed.output;
+    return await store.read();
   } catch (err) {
     log.warn("ignoring the kept parse of the OSC: parsing osc.yaml", { path, error: describeError(err) });
     return undefined;

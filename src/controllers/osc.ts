@@ -21,7 +21,7 @@ import { type ApplyOutcome, applyDesired, summaryOf } from "../apply/apply.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
 import { createOscParser } from "./osc-parse.ts";
 import { checkSelfUpdate } from "../apply/self-update.ts";
-import { jsonStore } from "../apply/state-store.ts";
+import { jsonStore } from "../host/json-store.ts";
 import { type BootClockReading, elapsedBetween, readBootClock } from "../host/boot-clock.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { nodeRef } from "../kube/events.ts";

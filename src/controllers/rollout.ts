@@ -16,7 +16,7 @@ import { pausedLabel, poolLabel, type RolloutSettings, slotCount } from "../api/
 import { emptyRolloutState, lastGoodOscPath, type RolloutState, RolloutStateSchema, rolloutStatePath } from "../api/rollout-state.ts";
 import { matches } from "../api/selector.ts";
 import { nextOpening, openWindow } from "../api/windows.ts";
-import { jsonStore } from "../apply/state-store.ts";
+import { jsonStore } from "../host/json-store.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import { nodeRef } from "../kube/events.ts";

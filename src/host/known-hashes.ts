@@ -4,20 +4,23 @@
 // file changes its identity, and ctime cannot be set back, so content changed with its mtime restored is
 // read again. The table is persisted in the state directory so a restarted agent need not read every
 // file for its first reconcile; a missing, unreadable or invalid table is only a slower pass.
-import * as v from "valibot";
 import { KnownHashesSchema } from "../api/known-hashes.ts";
 import { describeError, type Logger } from "../log.ts";
 import { serializer } from "../loops.ts";
 import type { FileIdentity, Files } from "./files.ts";
+import { jsonStore } from "./json-store.ts";
 
 /** Beyond this many entries the oldest are forgotten (paths long gone from the OSC), bounding the table. */
 const maxEntries = 20_000;
 /** A table file larger than this is not read. */
 const maxFileBytes = 8 << 20;
 
+const tableStore = (files: Files, path: string) => jsonStore(files, path, KnownHashesSchema, () => ({ version: 1 as const, files: {} }), { maxBytes: maxFileBytes });
+
 export async function withKnownHashes(files: Files, o: { path: string; log: Logger }): Promise<Files> {
   const log = o.log.with({ component: "known-hashes", path: o.path });
-  const table = new Map<string, { identity: FileIdentity; sha256: string }>(Object.entries(await load(files, o.path, log)));
+  const store = tableStore(files, o.path);
+  const table = new Map<string, { identity: FileIdentity; sha256: string }>(Object.entries(await load(store, o.path, log)));
   const saves = serializer();
   let dirty = false;
 
@@ -25,8 +28,7 @@ export async function withKnownHashes(files: Files, o: { path: string; log: Logg
     saves.run(async () => {
       if (!dirty) return;
       dirty = false;
-      const doc = { version: 1, files: Object.fromEntries(table) };
-      await files.writeAtomic(o.path, `${JSON.stringify(doc)}\n`, 0o600).catch((err: unknown) => {
+      await store.write({ version: 1, files: Object.fromEntries(table) }).catch((err: unknown) => {
         dirty = true;
         log.warn("could not save the files' known hashes; the next start reads every file", { error: describeError(err) });
       });
@@ -56,15 +58,11 @@ export async function withKnownHashes(files: Files, o: { path: string; log: Logg
   };
 }
 
-async function load(files: Files, path: string, log: Logger): Promise<Record<string, { identity: string; sha256: string }>> {
+async function load(store: ReturnType<typeof tableStore>, path: string, log: Logger): Promise<Record<string, { identity: string; sha256: string }>> {
   try {
-    const raw = await files.read(path, { maxBytes: maxFileBytes });
-    if (!raw) return {};
-    const parsed = v.safeParse(KnownHashesSchema, JSON.parse(new TextDecoder().decode(raw)));
-    if (!parsed.success) throw new Error(v.summarize(parsed.issues));
-    return parsed.output.files;
+    return (await store.read()).files;
   } catch (err) {
-    log.warn("ignoring the files' known hashes: every file is read on the first pass", { error: describeError(err) });
+    log.warn("ignoring the files' known hashes: every file is read on the first pass", { path, error: describeError(err) });
     return {};
   }
 }
