@@ -20,5 +20,11 @@ if [[ -z $passed && -z $failed ]]; then
   echo "0 passed, 1 failed"
   exit 1
 fi
+# CI shows only the head and the tail of this output: repeat what bun printed just before each failed
+# test (its error, and the test's own account of what it saw) right above the summary line.
+if [[ ${failed:-0} != 0 ]]; then
+  echo "---- the output before each failed test (at most 60 lines each, 5 tests) ----"
+  awk '/^[0-9]+ tests? failed:/ { exit } /^\(fail\) / && shown < 5 { shown++; start = NR > 60 ? NR - 60 : 1; for (i = start; i < NR; i++) if (i in buf) print buf[i]; print; print "----" } { buf[NR] = $0; delete buf[NR - 61] }' "$log"
+fi
 echo "${passed:-0} passed, ${failed:-0} failed"
 exit "$rc"

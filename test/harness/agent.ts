@@ -134,7 +134,10 @@ export async function putOscSecret(cluster: Cluster, name: string, oscYaml: stri
   };
   try {
     await core.replaceNamespacedSecret({ name, namespace: "kube-system", body });
-  } catch {
+  } catch (err) {
+    // Only a Secret that is not there yet is created: any other failure of the replace is the caller's
+    // to see (a create would hide it behind a 409 AlreadyExists).
+    if ((err as { code?: unknown }).code !== 404) throw err;
     await core.createNamespacedSecret({ namespace: "kube-system", body });
   }
   return checksum;

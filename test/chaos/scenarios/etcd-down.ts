@@ -5,7 +5,7 @@ import type { Scenario } from "../scenario.ts";
 import type { V1Secret } from "@kubernetes/client-node";
 import { waitApplied } from "../../harness/agent.ts";
 import { waitFor } from "../../harness/exec.ts";
-import { watchUntil } from "../../harness/watch.ts";
+import { recordVersions } from "../../harness/watch.ts";
 import { agentJournal, agentMetric, iterate, leaseRenewTime, maxFigures, renewFailuresSince, startRig, unitRestarts, unitStates, waitAgentReady, waitLeaseRenewed } from "../lib-control-plane.ts";
 
 export const scenario: Scenario = {
@@ -16,17 +16,23 @@ export const scenario: Scenario = {
     const iterations = 1;
     const rig = await startRig({ prefix: "cp-etcd" });
     const figures: Record<string, number>[] = [];
+    let reference: ReturnType<typeof recordVersions<V1Secret>> | undefined;
     try {
       const result = await iterate(iterations, log, async (i) => {
         const problems: string[] = [];
         const before = await unitStates(rig.node);
         const failuresBefore = (await agentMetric(rig, "trellis_lease_renew_failures_total")) ?? 0;
         const leaseBefore = await leaseRenewTime(rig);
+        reference?.stop();
+        const own = recordVersions<V1Secret>(rig.cluster.admin(), "/api/v1/namespaces/kube-system/secrets", rig.secretName);
+        reference = own;
+        await waitFor("the test's own watch of the Secret", () => own.versions.length > 0, 30_000, 50);
         await rig.cluster.stopEtcd();
         log(`iteration ${i}: etcd stopped for ${outageMs / 1000} s`);
         await Bun.sleep(outageMs);
         const renewFailures = await renewFailuresSince(rig, failuresBefore, 15_000);
         if (renewFailures < 1) problems.push("the agent reported no failed Lease renewal during the outage");
+        const etcdStarting = Date.now();
         await rig.cluster.startEtcd();
         // kube-apiserver's own etcd client backs off during a long outage and answers 504 for a while after
         // etcd is healthy again: the agent is timed from when the API server serves reads again.
@@ -36,26 +42,36 @@ export const scenario: Scenario = {
         const lease = await waitLeaseRenewed(rig, leaseBefore, 60_000);
         // A renewal sent during the outage may hang until its 10 s request timeout, then the next one goes out at once.
         if (lease.ms > 20_000) problems.push(`the Lease was renewed ${lease.ms} ms after kube-apiserver served reads again (limit 20000: one interval and one request timeout)`);
-        // kube-apiserver's watch cache catches up with etcd on its own schedule after the outage (about 15 s
-        // after a 20 s outage): the agent is timed against a watch of the test's own on the same Secret.
+        // kube-apiserver's watch cache catches up with etcd on its own schedule after the outage (seconds
+        // after reads work again). The agent's Secret watch stays open through the outage and gets the change
+        // from that cache: it is timed against a watch of the test's own opened the same way (before the
+        // outage, resumed from its last resourceVersion), so the cache's lag is not counted as the agent's.
+        // The write is retried while kube-apiserver still fails writes (the test's write failing is not the agent's).
         const started = performance.now();
-        const checksum = await rig.putOsc(`after-etcd-${i}`);
-        const watchedMs = watchUntil(rig.cluster.admin(), "the Secret change on a watch of the API server", "/api/v1/namespaces/kube-system/secrets", rig.secretName, (o: V1Secret) => (o.metadata?.annotations?.["checksum/data-script"] === checksum ? true : undefined), { timeoutMs: 120_000 }).then(() => Math.round(performance.now() - started));
-        await waitApplied(rig.agent, checksum, 120_000, 100);
+        const checksum = await waitFor("the Secret written after the outage", () => rig.putOsc(`after-etcd-${i}`), 30_000, 250);
+        const delivered = await waitFor("the Secret change on the test's own watch", () => own.versions.find((v) => v.object.metadata?.annotations?.["checksum/data-script"] === checksum), 120_000, 50);
+        const watchDeliveredMs = Math.round(delivered.at - (performance.timeOrigin + started));
+        await waitApplied(rig.agent, checksum, 120_000, 50);
         const appliedMs = Math.round(performance.now() - started);
-        const watchMs = await watchedMs;
-        if (appliedMs - watchMs > 5_000) {
-          problems.push(`a Secret change after the outage was applied ${appliedMs - watchMs} ms after an API server watch delivered it (limit 5000)`);
-          log((await agentJournal(rig.node, Date.now() - 120_000)).split("\n").filter((l) => l.includes("watch")).slice(-30).join("\n"));
+        const journal = (await agentJournal(rig.node, etcdStarting - outageMs - 2_000)).split("\n");
+        // Whether the outage broke the agent's Secret watch (it reconnects within seconds: apiserver-down) or not.
+        const watchFailures = journal.filter((l) => l.includes('"watch failed') && l.includes("secrets")).length;
+        // When the agent's watch handed it the change (its log line), to tell a late delivery from a slow apply.
+        const seen = journal.map((l) => (l.includes('"OSC Secret changed"') ? Date.parse((JSON.parse(l) as { ts: string }).ts) : Number.NaN)).filter((t) => t >= delivered.at - 60_000).at(-1);
+        const agentSawMs = seen === undefined ? -1 : Math.round(seen - (performance.timeOrigin + started));
+        if (appliedMs - watchDeliveredMs > 5_000) {
+          problems.push(`a Secret change after the outage was applied ${appliedMs - watchDeliveredMs} ms after the test's own watch delivered it (limit 5000)`);
+          log(journal.filter((l) => l.includes("watch") || l.includes("OSC")).slice(-30).join("\n"));
         }
         const readyMs = await waitAgentReady(rig, 30_000);
         problems.push(...unitRestarts(before, await unitStates(rig.node)).map((r) => `unexpected restart: ${r}`));
-        figures.push({ apiServerReadsMs, leaseRenewedMs: lease.ms, watchDeliveredMs: watchMs, appliedMs, readyMs, renewFailures });
+        figures.push({ apiServerReadsMs, leaseRenewedMs: lease.ms, watchDeliveredMs, agentSawMs, appliedMs, readyMs, renewFailures, watchFailures });
         log(`iteration ${i}: ${JSON.stringify(figures.at(-1))}`);
         return problems;
       });
-      return { checked: "no unit restarted, Lease renewed ≤ 20 s after kube-apiserver serves reads from etcd again (interval + request timeout), /readyz 200, a Secret change applied ≤ 5 s after an API server watch delivered it", iterations, ...result, figures: maxFigures(figures) };
+      return { checked: "no unit restarted, Lease renewed ≤ 20 s after kube-apiserver serves reads from etcd again (interval + request timeout), /readyz 200, a Secret change applied ≤ 5 s after a watch of the test's own (open since before the outage) delivered it", iterations, ...result, figures: maxFigures(figures) };
     } finally {
+      reference?.stop();
       await rig.stop();
     }
   },
