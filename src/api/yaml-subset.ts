@@ -52,7 +52,13 @@ function resolvePlain(text: string): unknown {
   return value;
 }
 
-const trimSpaces = (s: string) => s.replace(/ +$/, ""); // YAML's white space: not JavaScript's (NBSP, U+3000 …)
+// YAML's white space: not JavaScript's (NBSP, U+3000 …). A loop from the end: the regex / +$/ tries every
+// run of spaces in the line before the last one (5 % of a no-op re-check's CPU in bench:profile).
+const trimSpaces = (s: string) => {
+  let end = s.length;
+  while (end > 0 && s.charCodeAt(end - 1) === 32) end--;
+  return end === s.length ? s : s.slice(0, end);
+};
 
 function scalar(raw: string): unknown {
   const text = trimSpaces(raw);
