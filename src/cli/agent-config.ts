@@ -6,6 +6,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { type NodeAgentConfiguration, parseAgentConfig } from "../api/agent-config.ts";
+import { compareText } from "../api/text-order.ts";
 import { version } from "../version.ts";
 
 export class ConfigError extends Error {
@@ -16,7 +17,7 @@ const versionOf = (name: string): number[] => (/^config-v?(.+)\.yaml$/.exec(name
 const newerFirst = (a: string, b: string): number => {
   const [va, vb] = [versionOf(a), versionOf(b)];
   for (let i = 0; i < Math.max(va.length, vb.length); i++) if ((va[i] ?? 0) !== (vb[i] ?? 0)) return (vb[i] ?? 0) - (va[i] ?? 0);
-  return a.localeCompare(b);
+  return compareText(a, b);
 };
 
 export function configFileIn(dir: string): string {

@@ -10,6 +10,7 @@
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration } from "../api/duration.ts";
 import type { OwnedUnit } from "../api/state.ts";
+import { compareText } from "../api/text-order.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Systemd, UnitState, UnitStatus } from "../host/systemd.ts";
 import { sinceBootMs } from "../host/boot-clock.ts";
@@ -43,7 +44,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
 
   async function check(): Promise<void> {
     const state = await deps.store.read();
-    const units = Object.entries(state.owned.units).sort(([a], [b]) => a.localeCompare(b));
+    const units = Object.entries(state.owned.units).sort(([a], [b]) => compareText(a, b));
     if (units.length === 0 && !state.lastApplied) {
       deps.status.set("units", { ok: true, summary: "no OSC applied yet: no units to check" });
       return;

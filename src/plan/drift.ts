@@ -3,6 +3,7 @@
 import { dirname } from "node:path";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
+import { compareText } from "../api/text-order.ts";
 import { driftReasons, modeDrift } from "./plan.ts";
 import type { Step } from "../api/plan.ts";
 
@@ -87,7 +88,7 @@ export function recurringDrift(
     const agesOut = (recent[0] as number) + windowMs;
     next = next === undefined ? agesOut : Math.min(next, agesOut);
   }
-  return { recurring: recurring.sort((a, b) => a.target.localeCompare(b.target)), ...(next !== undefined ? { nextChangeAtMs: next } : {}) };
+  return { recurring: recurring.sort((a, b) => compareText(a.target, b.target)), ...(next !== undefined ? { nextChangeAtMs: next } : {}) };
 }
 
 /** The drift a reconcile repaired on its own (its plan's writes for drift: content, missing, or an OSC file's mode). */
