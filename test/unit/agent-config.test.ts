@@ -1,5 +1,5 @@
-import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename } from "node:path";
 import { configFileIn } from "../../src/cli/agent-config.ts";
@@ -150,8 +150,13 @@ describe("apiServer's CA", () => {
 });
 
 describe("which file in --config-dir", () => {
+  const made: string[] = [];
+  afterAll(() => {
+    for (const dir of made) rmSync(dir, { recursive: true, force: true });
+  });
   const dirWith = (names: string[]) => {
     const dir = mkdtempSync(`${tmpdir()}/trellis-config-dir-`);
+    made.push(dir);
     for (const n of names) writeFileSync(`${dir}/${n}`, "");
     return dir;
   };

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Socket } from "node:net";
 import { ApiException, CoreV1Api } from "@kubernetes/client-node";
 import { paths } from "../../src/api/paths.ts";
@@ -103,5 +103,6 @@ test("a server that accepts but never answers cannot stall a caller: the request
   } finally {
     for (const s of sockets) s.destroy();
     silent.close();
+    rmSync(dir, { recursive: true, force: true });
   }
 });
