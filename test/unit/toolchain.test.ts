@@ -27,3 +27,11 @@ test("Bun.* and Deno.* appear in src/ only in src/runtime.ts", async () => {
   const r = await run(["grep", "-rlE", "\\b(Bun|Deno)\\.", "src/"], { cwd: repoRoot });
   expect(r.stdout.trim().split("\n").filter(Boolean)).toEqual(["src/runtime.ts"]);
 });
+
+// ICU's collator and time-zone data are pages of the executable that stay resident once touched (about
+// 2 and 4 MiB in a compiled Bun binary): the agent orders names by code units (src/api/text-order.ts);
+// only maintenance windows need time zones, and only CLI output sorts for people.
+test("localeCompare and Intl appear in src/ only where people read the order or windows need time zones", async () => {
+  const r = await run(["grep", "-rlE", "localeCompare|\\bIntl\\.", "src/"], { cwd: repoRoot });
+  expect(r.stdout.trim().split("\n").filter(Boolean).sort()).toEqual(["src/api/text-order.ts", "src/api/windows.ts", "src/cli/osc-file.ts", "src/cli/rollout.ts"]);
+});
