@@ -16,17 +16,15 @@ export const scenario: Scenario = {
     const iterations = 1;
     const rig = await startRig({ prefix: "cp-etcd" });
     const figures: Record<string, number>[] = [];
-    let reference: ReturnType<typeof recordVersions<V1Secret>> | undefined;
+    // Open for the whole run, like the agent's own watch: every version of the Secret, with when it arrived.
+    const reference = recordVersions<V1Secret>(rig.cluster.admin(), "/api/v1/namespaces/kube-system/secrets", rig.secretName);
     try {
+      await waitFor("the test's own watch of the Secret", () => reference.versions.length > 0, 30_000, 50);
       const result = await iterate(iterations, log, async (i) => {
         const problems: string[] = [];
         const before = await unitStates(rig.node);
         const failuresBefore = (await agentMetric(rig, "trellis_lease_renew_failures_total")) ?? 0;
         const leaseBefore = await leaseRenewTime(rig);
-        reference?.stop();
-        const own = recordVersions<V1Secret>(rig.cluster.admin(), "/api/v1/namespaces/kube-system/secrets", rig.secretName);
-        reference = own;
-        await waitFor("the test's own watch of the Secret", () => own.versions.length > 0, 30_000, 50);
         await rig.cluster.stopEtcd();
         log(`iteration ${i}: etcd stopped for ${outageMs / 1000} s`);
         await Bun.sleep(outageMs);
@@ -49,7 +47,7 @@ export const scenario: Scenario = {
         // The write is retried while kube-apiserver still fails writes (the test's write failing is not the agent's).
         const started = performance.now();
         const checksum = await waitFor("the Secret written after the outage", () => rig.putOsc(`after-etcd-${i}`), 30_000, 250);
-        const delivered = await waitFor("the Secret change on the test's own watch", () => own.versions.find((v) => v.object.metadata?.annotations?.["checksum/data-script"] === checksum), 120_000, 50);
+        const delivered = await waitFor("the Secret change on the test's own watch", () => reference.versions.find((v) => v.object.metadata?.annotations?.["checksum/data-script"] === checksum), 120_000, 50);
         const watchDeliveredMs = Math.round(delivered.at - (performance.timeOrigin + started));
         await waitApplied(rig.agent, checksum, 120_000, 50);
         const appliedMs = Math.round(performance.now() - started);
@@ -71,7 +69,7 @@ export const scenario: Scenario = {
       });
       return { checked: "no unit restarted, Lease renewed ≤ 20 s after kube-apiserver serves reads from etcd again (interval + request timeout), /readyz 200, a Secret change applied ≤ 5 s after a watch of the test's own (open since before the outage) delivered it", iterations, ...result, figures: maxFigures(figures) };
     } finally {
-      reference?.stop();
+      reference.stop();
       await rig.stop();
     }
   },
