@@ -1,39 +1,49 @@
-// What a node remembers of a rollout across restarts (its own file, written only by the rollout
-// coordinator; apply writes state.json): the disruption slot it holds, the change it is gating, and the
-// last OSC that passed its gate here (the rollback target, its bytes kept beside this file).
+// What a node remembers of a rollout across restarts: the state of src/rollout/machine.ts, in its own file,
+// written only by the rollout controller (apply writes state.json); the last good OSC's bytes beside it.
+// Version 1 (before the rollout state machine) is read too: its last good OSC is kept; a gate or slot it
+// recorded belonged to the former slot Leases (`<secret>-slot-<i>`), which the new protocol does not use.
 import * as v from "valibot";
+import type { NodeRollout } from "../rollout/machine.ts";
 import { baseDir } from "./paths.ts";
 import { object } from "./shapes.ts";
 
 export const rolloutStatePath = `${baseDir}/trellis/rollout.json`;
 export const lastGoodOscPath = `${baseDir}/trellis/last-good-osc.yaml`;
 
-/**
- * - gating: `checksum` was applied disruptively and its health gate runs;
- * - failed: its gate failed (no rollback, or no last good OSC): the slot stays taken, the rollout stops;
- * - rolled-back: its gate failed and the last good OSC was applied again; that one's gate runs;
- * - blocked: the rolled-back state passed its gate: the slot is free again, and `checksum` is not
- *   applied on this node again until the Secret changes.
- */
-export const GateSchema = object({
-  phase: v.picklist(["gating", "failed", "rolled-back", "blocked"]),
-  checksum: v.string(),
-  /** The units the change restarted or stopped that count as disruptive. */
-  units: v.array(v.string()),
-  /** When the apply finished (ISO 8601, for people: the gate itself times with a monotonic clock). */
-  appliedAt: v.string(),
-  failedCheck: v.optional(v.string()),
+const Reading = object({ bootId: v.string(), uptimeMs: v.number(), wallMs: v.number() });
+const Good = object({ checksum: v.string(), base: v.string() });
+
+const V2 = object({
+  version: v.literal(2),
+  current: v.optional(
+    object({
+      work: object({
+        kind: v.picklist(["osc", "restart", "drift", "in-place"]),
+        revision: v.string(),
+        checksum: v.string(),
+        base: v.string(),
+        disruption: object({ units: v.array(v.string()), paths: v.array(v.string()) }),
+      }),
+      phase: v.picklist(["waiting", "applying", "gating", "failing", "rolling-back", "failed"]),
+      since: v.optional(Reading),
+      healthySince: v.optional(Reading),
+      check: v.optional(v.string()),
+      rollbackTo: v.optional(Good),
+    }),
+  ),
+  lastGood: v.optional(object({ checksum: v.string(), base: v.string(), at: v.string() })),
+  blocked: v.optional(object({ revision: v.string(), checksum: v.string(), check: v.string() })),
 });
 
-export const RolloutStateSchema = object({
+const V1 = object({
   version: v.literal(1),
-  /** The slot Lease this node holds, and for which reasons (an OSC change, a requested restart). */
-  slot: v.optional(object({ name: v.string(), reasons: v.array(v.string()) })),
-  gate: v.optional(GateSchema),
-  /** checksum: of what was applied (overlays included); base: of its osc.yaml, what the Node annotation names. */
   lastGood: v.optional(object({ checksum: v.string(), base: v.optional(v.string()), at: v.string() })),
 });
 
-export type Gate = v.InferOutput<typeof GateSchema>;
-export type RolloutState = v.InferOutput<typeof RolloutStateSchema>;
-export const emptyRolloutState = (): RolloutState => ({ version: 1 });
+export const NodeRolloutSchema = v.union([
+  V2,
+  v.pipe(
+    V1,
+    v.transform((old): NodeRollout => ({ version: 2, ...(old.lastGood ? { lastGood: { checksum: old.lastGood.checksum, base: old.lastGood.base ?? old.lastGood.checksum, at: old.lastGood.at } } : {}) })),
+  ),
+]);

@@ -138,13 +138,3 @@ export function parseRolloutSettings(annotations: Readonly<Record<string, string
   if (settings.healthTimeoutMs <= settings.settleMs) fail(rolloutKeys.healthTimeout, `must be longer than the settle time (${settings.settleMs / 1000}s)`);
   return errors.length > 0 ? { ok: false, errors } : { ok: true, value: settings };
 }
-
-/** How many slots a pool of `poolSize` nodes has under `budget`: a count as given, a percentage rounded down but at least 1. */
-export function slotCount(budget: Budget, poolSize: number, source: string): Result<number> {
-  if ("count" in budget) {
-    return budget.count > poolSize
-      ? { ok: false, errors: [`${source}: annotation ${rolloutKeys.maxDisrupted}: ${budget.count} is more than the pool's ${poolSize} node(s): no change would be bounded`] }
-      : { ok: true, value: budget.count };
-  }
-  return { ok: true, value: Math.max(1, Math.floor((budget.percent * poolSize) / 100)) };
-}

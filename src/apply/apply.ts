@@ -29,6 +29,8 @@ export type ApplyDeps = {
   /** The agent's own unit (restarted last). */
   selfUnit: string;
   now?: () => Date;
+  /** The plan the caller already made for this OSC (and weighed for its rollout): applied as it is, not made again. */
+  planned?: { plan: Plan; owned: Owned };
 };
 
 export type StepFailure = { step: Step; error: string };
@@ -65,7 +67,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
     resumed = true;
     deps.log.info("resuming an unfinished apply", { checksum, steps: progress.plan.steps.length, done: progress.done.length });
   } else {
-    const fresh = await planFresh(desired, checksum, state.owned, deps);
+    const fresh = deps.planned ?? (await planFresh(desired, checksum, state.owned, deps));
     state = { ...state, owned: fresh.owned };
     progress = { checksum, plan: fresh.plan, done: [] };
   }

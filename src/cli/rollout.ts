@@ -1,17 +1,21 @@
 // `trellis rollout status --secret NAME`: a pool's rollout as the cluster shows it, for an operator (read
 // with their kubeconfig): the OSC the Secret holds and its rollout settings, the maintenance windows, who
-// holds which disruption slot since when, a change that failed and stopped the rollout, and every node of
-// the pool: updated, holding a slot, waiting (and for what), failed, paused.
+// holds a disruption slot since when (the record `<secret>-slots`), a revision of the Secret that failed
+// and stopped the rollout, and every node of the pool: updated, holding a slot, waiting (and for what),
+// failed, paused.
 import { parseArgs } from "node:util";
 import { CoordinationV1Api, CoreV1Api, type V1Node } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { oscChecksum } from "../api/desired.ts";
+import { layeredChecksum, parseOverlays } from "../api/layers.ts";
 import { oscDataKey } from "../api/paths.ts";
-import { parseRolloutSettings, pausedLabel, poolLabel, slotCount } from "../api/rollout.ts";
+import { parseRolloutSettings, pausedLabel, poolLabel } from "../api/rollout.ts";
+import { compareText } from "../api/text-order.ts";
 import { nextOpening, openWindow } from "../api/windows.ts";
-import { rolloutConditionType } from "../controllers/rollout.ts";
+import { rolloutConditionType } from "../controllers/rollout/report.ts";
 import { apiClient, kubeFromConnection } from "../kube/client.ts";
-import { slotFailedChecksumAnnotation, slotFailureAnnotation, slotHolder, slotPoolLabel } from "../kube/slots.ts";
+import { explainKubeError } from "../kube/errors.ts";
+import { budgetSlots, decodePool, type PoolRecord, slotsLeaseName } from "../rollout/pool.ts";
 import { connectionFromFlags, connectionOptions } from "./connection-flags.ts";
 import { UsageError } from "./errors.ts";
 
@@ -28,7 +32,9 @@ export type RolloutReport = {
   checksum: string;
   settings: Record<string, string>;
   problems: string[];
-  slots: { total?: number; held: { slot: string; node: string; since?: string; renewed?: string; expired: boolean; checksum: string }[]; stoppedBy?: { slot: string; checksum: string; failure: string } };
+  /** The Secret's revision (osc.yaml and every overlay): what the pool admits and stops. */
+  revision: string;
+  slots: { total?: number; held: { node: string; since: string; revision: string }[]; stoppedBy?: { node: string; revision: string; failure: string; at: string } };
   windows?: { open?: string; next?: string };
   nodes: NodeRow[];
   counts: Record<NodeRow["state"], number>;
@@ -56,10 +62,10 @@ export async function run(args: string[]): Promise<number> {
 
 export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>, name: string, now: Date): Promise<RolloutReport> {
   const core = apiClient(kube, CoreV1Api);
-  const [secret, nodes, leases] = await Promise.all([
+  const [secret, nodes, record] = await Promise.all([
     core.readNamespacedSecret({ name, namespace: "kube-system" }),
     core.listNode({ labelSelector: `${poolLabel}=${name}` }),
-    apiClient(kube, CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotPoolLabel}=${name}` }),
+    readRecord(kube, name),
   ]);
   const bytes = decodeBase64(secret.data?.[oscDataKey] ?? "");
   const checksum = bytes ? oscChecksum(bytes) : "";
@@ -68,18 +74,16 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
   const parsed = parseRolloutSettings(annotations, `Secret kube-system/${name}`);
   const problems = parsed.ok ? [] : parsed.errors;
   const settings = parsed.ok ? parsed.value : undefined;
+  const revision = bytes ? secretRevision(bytes, secret.data ?? {}, `Secret kube-system/${name}`, problems) : "";
+  if (!record.ok) problems.push(...record.errors);
+  const pool = record.ok ? record.value : { holders: [] };
 
-  const held = leases.items
-    .map((l) => slotHolder(l, now))
-    .filter((h) => h.node !== "")
-    .map(({ acquired, ...h }) => ({ ...h, ...(acquired ? { since: new Date(acquired).toISOString() } : {}) }))
-    .sort((a, b) => a.slot.localeCompare(b.slot, undefined, { numeric: true }));
-  const failed = leases.items.find((l) => l.metadata?.annotations?.[slotFailedChecksumAnnotation] === checksum);
-  const total = settings?.budget ? slotCount(settings.budget, Math.max(1, nodes.items.length), `Secret kube-system/${name}`) : undefined;
-  if (total && !total.ok) problems.push(...total.errors);
+  const held = [...pool.holders].sort((a, b) => compareText(a.node, b.node)).map((h) => ({ node: h.node, since: h.since, revision: h.revision }));
+  const failed = pool.failed?.revision === revision ? pool.failed : undefined;
+  const total = settings?.budget ? budgetSlots(settings.budget, pool.poolSize ?? nodes.items.length) : undefined;
 
-  const holderOf = new Map(held.map((h) => [h.node, h.slot]));
-  const rows = nodes.items.map((n): NodeRow => row(n, checksum, holderOf.get(n.metadata?.name ?? ""))).sort((a, b) => a.node.localeCompare(b.node));
+  const holding = new Set(held.map((h) => h.node));
+  const rows = nodes.items.map((n): NodeRow => row(n, checksum, holding.has(n.metadata?.name ?? ""))).sort((a, b) => a.node.localeCompare(b.node));
   const counts = { updated: 0, holding: 0, waiting: 0, failed: 0, paused: 0 };
   for (const r of rows) counts[r.state]++;
   const open = settings?.windows ? openWindow(settings.windows, now) : undefined;
@@ -87,20 +91,41 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
   return {
     secret: name,
     checksum,
+    revision,
     settings: settingsText,
     problems,
-    slots: {
-      ...(total?.ok ? { total: total.value } : {}),
-      held,
-      ...(failed ? { stoppedBy: { slot: failed.metadata?.name as string, checksum, failure: failed.metadata?.annotations?.[slotFailureAnnotation] ?? "" } } : {}),
-    },
+    slots: { ...(total !== undefined ? { total } : {}), held, ...(failed ? { stoppedBy: { node: failed.node, revision: failed.revision, failure: failed.failure, at: failed.at } } : {}) },
     ...(settings?.windows ? { windows: { ...(open ? { open: open.text } : {}), ...(next ? { next: next.toISOString() } : {}) } } : {}),
     nodes: rows,
     counts,
   };
 }
 
-function row(n: V1Node, checksum: string, slot: string | undefined): NodeRow {
+/** The pool's record (none yet: nothing held). */
+async function readRecord(kube: ReturnType<typeof kubeFromConnection>, name: string) {
+  try {
+    const lease = await apiClient(kube, CoordinationV1Api).readNamespacedLease({ name: slotsLeaseName(name), namespace: "kube-system" });
+    return decodePool(lease.metadata?.annotations, `Lease kube-system/${slotsLeaseName(name)}`);
+  } catch (err) {
+    const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `reading Lease kube-system/${slotsLeaseName(name)}` });
+    if (e.reason === "not-found") return { ok: true as const, value: { holders: [] } as PoolRecord };
+    throw e;
+  }
+}
+
+/** The Secret's revision as the agents compute it (src/controllers/osc.ts): osc.yaml and every overlay. */
+function secretRevision(bytes: Uint8Array, data: Record<string, string>, source: string, problems: string[]): string {
+  const decoded: Record<string, Uint8Array> = {};
+  for (const [key, value] of Object.entries(data)) {
+    const b = key.startsWith("overlay") ? decodeBase64(value) : undefined;
+    if (b) decoded[key] = b;
+  }
+  const overlays = parseOverlays(decoded, source);
+  if (!overlays.ok) problems.push(...overlays.errors);
+  return layeredChecksum(bytes, overlays.ok ? overlays.value : []);
+}
+
+function row(n: V1Node, checksum: string, holding: boolean): NodeRow {
   const name = n.metadata?.name ?? "?";
   const applied = n.metadata?.annotations?.["checksum/cloud-config-data"] ?? "";
   const ready = n.status?.conditions?.find((c) => c.type === "Ready")?.status ?? "Unknown";
@@ -108,7 +133,7 @@ function row(n: V1Node, checksum: string, slot: string | undefined): NodeRow {
   const detail = c && c.reason !== "HealthGatePassed" && c.reason !== "Applied" ? `${c.reason}: ${c.message ?? ""}` : "";
   const base = { node: name, ready, osc: applied.slice(0, 12) };
   if (c?.reason === "HealthGateFailed" || c?.reason === "RolledBack") return { ...base, state: "failed", detail };
-  if (slot) return { ...base, state: "holding", detail: `${slot}${detail ? ` ${detail}` : ""}` };
+  if (holding) return { ...base, state: "holding", detail };
   if (applied === checksum) return { ...base, state: "updated", detail };
   if (n.metadata?.labels?.[pausedLabel] === "true") return { ...base, state: "paused", detail: `label ${pausedLabel}=true` };
   return { ...base, state: "waiting", detail };
@@ -120,9 +145,9 @@ export function renderReport(r: RolloutReport): string {
     `pool ${r.secret}: OSC ${r.checksum.slice(0, 12)}; ${s["max-disrupted"] ? `max-disrupted ${s["max-disrupted"]} (${r.slots.total ?? "?"} slot(s) for ${r.nodes.length} node(s))` : "no disruption budget"}${s.rollback === "true" ? ", rollback on" : ""}${s["canary-selector"] ? `, canary ${s["canary-selector"]}` : ""}`,
     ...r.problems.map((p) => `  PROBLEM ${p}`),
     ...(r.windows ? [`  maintenance windows ${s["maintenance-windows"]}: ${r.windows.open ? `open now (${r.windows.open})` : `closed, next opens ${r.windows.next ?? "never within 8 days"}`}`] : []),
-    ...(r.slots.stoppedBy ? [`  STOPPED: this OSC failed its health gate (${r.slots.stoppedBy.failure}); recorded on ${r.slots.stoppedBy.slot}`] : []),
+    ...(r.slots.stoppedBy ? [`  STOPPED: this revision of the Secret failed its health gate on ${r.slots.stoppedBy.node} (${r.slots.stoppedBy.failure}); a new revision goes on`] : []),
     `  nodes: ${r.counts.updated} updated, ${r.counts.holding} holding a slot, ${r.counts.waiting} waiting, ${r.counts.failed} failed, ${r.counts.paused} paused`,
-    ...r.slots.held.map((h) => `  ${h.slot}: ${h.node} since ${h.since ?? "?"} for OSC ${h.checksum.slice(0, 12)}${h.expired ? " (NOT RENEWING)" : ""}`),
+    ...r.slots.held.map((h) => `  slot: ${h.node} since ${h.since} for revision ${h.revision.slice(0, 12)}`),
     "",
     `${"NODE".padEnd(24)} ${"READY".padEnd(7)} ${"OSC".padEnd(13)} ${"STATE".padEnd(8)} DETAIL`,
     ...r.nodes.map((n) => `${n.node.padEnd(24)} ${n.ready.padEnd(7)} ${(n.osc || "-").padEnd(13)} ${n.state.padEnd(8)} ${n.detail}`),

@@ -16,7 +16,7 @@ import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
 import { startNodeSource } from "../controllers/node-source.ts";
 import { startOscController } from "../controllers/osc.ts";
-import { startRollout } from "../controllers/rollout.ts";
+import { startRollout } from "../controllers/rollout/controller.ts";
 import { startRestartController } from "../controllers/restart.ts";
 import { startTokenController } from "../controllers/token.ts";
 import type { Controller } from "../controllers/types.ts";

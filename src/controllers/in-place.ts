@@ -142,9 +142,9 @@ export type InPlaceUpdaterDeps = {
 /**
  * What is left of an in-place update after its apply: failed (`final`: not tried again for this OSC's
  * OS version; `told`: the Node says so already), waiting for the machine to restart, cut short because
- * the agent stops (no failure: the next start finishes it), or done (undefined).
+ * the agent stops or the machine shuts down (no failure: the next start finishes it), or done (undefined).
  */
-export type InPlaceOutcome = OsUpdateOutcome | { stopped: string };
+export type InPlaceOutcome = OsUpdateOutcome;
 
 /** The node's side of in-place updates; the OSC controller reports what it says. */
 export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
@@ -159,19 +159,21 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
     return pending?.checksum === checksum ? { ok: true, value: pending.changes } : inPlaceChangesOnNode(deps.files, osc, source);
   }
 
-  /**
-   * Before an in-place update is applied: why it waits (machine-controller-manager has not drained the
-   * node), or undefined once it may go — recorded, and kubelet's stale CPU manager state removed if
-   * cpuManagerPolicy changes.
-   */
-  async function start(checksum: string, changes: InPlaceChanges): Promise<string | undefined> {
+  /** Why an in-place update waits before anything else (machine-controller-manager has not drained the node); undefined once drained. */
+  function awaitDrain(changes: InPlaceChanges): string | undefined {
     const what = partsOf(changes).map((p) => p.what).join(", ");
-    if (!mayUpdateInPlace(deps.node.current())) return `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
+    return mayUpdateInPlace(deps.node.current()) ? undefined : `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
+  }
+
+  /**
+   * Right before an admitted in-place update is applied: it is recorded, and kubelet's stale CPU manager
+   * state removed if cpuManagerPolicy changes (not earlier: a drained node may still wait for its window).
+   */
+  async function begin(checksum: string, changes: InPlaceChanges): Promise<void> {
     const state = await store.read();
     if (state.pending?.checksum !== checksum) await store.write({ ...state, pending: { checksum, changes } });
-    deps.log.info("updating the node in place", { checksum, update: what });
+    deps.log.info("updating the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
     if (changes.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
-    return undefined;
   }
 
   /** After the apply: the rest of the update, in gardener-node-agent's order; then machine-controller-manager is told the result. */
@@ -229,5 +231,5 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
     return undefined;
   }
 
-  return { work, start, finish };
+  return { work, awaitDrain, begin, finish };
 }

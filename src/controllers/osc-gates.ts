@@ -12,7 +12,8 @@
 //     gardener-node-agent writes too): delay, serial lease, admission.
 //   - "fresh": nothing is known to be applied: the serial lease (as gardener-node-agent), no delay and no
 //     admission: there is nothing running to disrupt, and holding a new node back only delays capacity.
-//   - "current": this OSC is what is applied: it is re-ensured at once, without any gate.
+//   - "current": this OSC is what is applied: it is re-ensured at once, without the delay or the serial lease;
+//     what re-ensuring it disrupts (drift repair restarting kubelet) passes trellis's admission like any change.
 import { parseGoDuration } from "../api/duration.ts";
 import type { SerialHoldState } from "../api/serial-hold.ts";
 import { type BootClockReading, elapsedBetween } from "../host/boot-clock.ts";
@@ -32,7 +33,7 @@ export function gatesFor(o: {
 }): Gates {
   const applied = o.stateApplied ?? o.nodeApplied;
   const kind: NodeKind = applied === undefined ? "fresh" : applied === o.checksum ? "current" : "update";
-  return { kind, delay: kind === "update", serial: o.serial && kind !== "current", admit: kind === "update" };
+  return { kind, delay: kind === "update", serial: o.serial && kind !== "current", admit: kind !== "fresh" };
 }
 
 export type DelaySetting = { ms: number } | { ms: 0; unparsable: string };

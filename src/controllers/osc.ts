@@ -38,11 +38,13 @@ import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { describeError } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { describeStep } from "../plan/render.ts";
-import type { Step } from "../api/plan.ts";
+import type { Plan, Step } from "../api/plan.ts";
 import { parseRolloutSettings, poolLabel, type RolloutSettings } from "../api/rollout.ts";
 import { planForNode } from "../apply/observe.ts";
-import { disruptedUnits } from "../plan/disruption.ts";
-import type { Checksums, Rollout } from "./rollout.ts";
+import { disruptionOf } from "../plan/disruption.ts";
+import type { Rollout } from "./rollout/controller.ts";
+import type { Work } from "../rollout/machine.ts";
+import type { Progress } from "../api/state.ts";
 import { lastGoodOscPath } from "../api/rollout-state.ts";
 import { effectiveChecksumAnnotation, type Layered, layeredChecksum, layerOsc, parseOverlays } from "../api/layers.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
@@ -118,13 +120,27 @@ export type OscController = {
   stop(): Promise<void>;
 };
 
+/** osc.yaml's checksum (Gardener's, on the Node) and that of what the node applies (overlays included). */
+type Checksums = { base: string; checksum: string };
+
+/** The steps of an unfinished apply not done yet. */
+const remaining = (progress: Progress | undefined): Plan | undefined => progress && { ...progress.plan, steps: progress.plan.steps.filter((_, i) => !progress.done.includes(i)) };
+
+/**
+ * What an apply of `checksum` will do: the plan just made (with the restarts an unfinished apply of an older
+ * OSC still owes, which the apply carries over), or what is left of this OSC's unfinished apply.
+ */
+function toWeigh(planned: Plan | undefined, progress: Progress | undefined, checksum: string): Plan | undefined {
+  if (!planned) return remaining(progress);
+  const owed = progress && progress.checksum !== checksum ? (remaining(progress)?.steps ?? []) : [];
+  return { ...planned, steps: [...planned.steps, ...owed] };
+}
+
 /** When to reconcile again, on the monotonic clock. */
 type Wait = { atMs: number; why: string };
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
 const registryProbeRetryMs = 10_000;
-/** How often a running health gate looks at the node. */
-const gateLookMs = 1_000;
 
 export function startOscController(deps: OscControllerDeps): OscController {
   const log = deps.log.with({ controller: "osc" });
@@ -278,6 +294,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     delayAnnotation = value;
     trigger("reconciliation delay changed");
   });
+  // The rollout asks for a reconcile when its answer changed: a slot was granted, a gate failed and the node rolls back.
+  const unsubscribeRollout = deps.rollout.onChange(() => trigger("rollout decision changed"));
   // A node that applied before kubelet registered it reports once the Node exists.
   void deps.node.found.then(() => trigger("node found"));
 
@@ -292,6 +310,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
       return periodic();
     }
     const source = `Secret kube-system/${deps.secretName}`;
+    // The rollout settings first: requested restarts go through them even while the OSC is invalid or cannot be resolved.
+    const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
+    if (rollout.ok) deps.rollout.observe({ secretUid: secret.metadata?.uid ?? "", settings: rollout.value });
     const encoded = secret.data?.[oscDataKey];
     if (encoded === undefined) return invalid("missing", [`${source}: has no data["${oscDataKey}"]`]);
     const bytes = decodeBase64(encoded);
@@ -301,7 +322,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // a checksum of its own (`checksum`), for everything else.
     const base = oscChecksum(bytes);
     const parsed = await oscParser.parse(bytes, base, source);
-    const layered = parsed.ok ? layersFor(parsed.value, source) : parsed;
+    const layered = parsed.ok ? layersFor(parsed.value, bytes, source) : parsed;
     if (!layered.ok) {
       note(base);
       status.lastChecksum = base;
@@ -338,20 +359,16 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (selfUpdateProblem) return invalid(checksum, [selfUpdateProblem]);
     const inPlaceWork = await inPlace.work(layered.value.osc, checksum, source);
     if (!inPlaceWork.ok) return invalid(checksum, inPlaceWork.errors);
-    if (hasInPlaceChanges(inPlaceWork.value)) {
-      const waiting = await inPlace.start(checksum, inPlaceWork.value);
+    const inPlaceUpdate = hasInPlaceChanges(inPlaceWork.value);
+    if (inPlaceUpdate) {
+      const waiting = inPlace.awaitDrain(inPlaceWork.value);
       if (waiting) return holdInPlace(checksum, "InPlaceUpdatePending", waiting);
     }
-    const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
     if (!rollout.ok) return invalid(checksum, rollout.errors);
     const settings = rollout.value;
     // Only a valid OSC starts the reconciliation delay: an invalid one changes nothing on the node, this
     // record included (the bad-input corpus hashes the state directory too).
     await noteFirstSeen(checksum);
-    deps.rollout.observe({ secretUid: secret.metadata?.uid ?? "", checksum, settings });
-    // A change this node is gating (or failed, or rolled back from) is settled before anything else.
-    const ongoing = await continueRollout({ base, checksum }, applied, state.lastApplied?.checksum, settings);
-    if (ongoing) return ongoing;
 
     const current = deps.node.current();
     const identity = current?.metadata?.name ?? deps.hostName;
@@ -364,22 +381,14 @@ export function startOscController(deps: OscControllerDeps): OscController {
       log.info(hold.message, { checksum, remainingMs: Math.round(hold.ms) });
       return { atMs: now() + hold.ms, why: hold.why };
     }
-    // Paused, outside the canary, outside every window or without a free slot: wait. A disruptive
-    // change is recorded for its health gate before it is applied (it may restart this agent).
-    let gatedUnits: string[] = [];
+    // One planning pass: the plan the admission weighs is the plan applied (an unfinished apply of this OSC
+    // resumes its persisted plan; the rollout state keeps what its admission weighed).
+    const planned = state.progress?.checksum === checksum ? undefined : await planForNode({ desired, checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
     if (gates.admit) {
-      const disrupted = settings.budget || settings.windows ? disruptedUnits((await planForNode({ desired, checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit })).plan, settings.disruptiveUnits) : [];
-      const admission = await deps.rollout.admit({ secretUid: secret.metadata?.uid ?? "", checksum, disrupted, settings });
-      if (!admission.go) {
-        status.lastResult = "held";
-        status.lastError = admission.message;
-        return { atMs: now() + admission.retryAfterMs, why: admission.reason };
-      }
-      if (settings.budget && disrupted.length > 0) {
-        await deps.rollout.gated(checksum, disrupted);
-        gatedUnits = disrupted;
-      }
+      const wait = await admit({ checksum, base, revision: layered.value.revision, kind: inPlaceUpdate ? "in-place" : gates.kind === "current" ? "drift" : "osc" }, toWeigh(planned?.plan, state.progress, checksum), settings);
+      if (wait) return wait;
     }
+    if (inPlaceUpdate) await inPlace.begin(checksum, inPlaceWork.value);
     if (gates.kind === "current" && !leftoverLeaseChecked && isSerialRollout(secret)) {
       // A crash between a successful apply and the release would hold up the rollout until the
       // lease expires: give back a lease this node still holds.
@@ -408,6 +417,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       store: deps.store,
       log,
       selfUnit: deps.selfUnit,
+      ...(planned ? { planned } : {}),
     }).finally(() => clearInterval(renewal));
     executed = outcome.executed;
     log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
@@ -424,6 +434,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     if (!outcome.complete) {
       status.lastResult = "failed";
       status.lastError = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
+      // Under its admission the retry stays gated, and the gate's timeout runs on (a unit that never comes up fails it).
+      if (gates.admit) await deps.rollout.applied({ complete: false, error: status.lastError });
       // The hold first: an agent killed while it reports must not lose it.
       const hold = gate ? holdAfterFailure((await serialState()).hold, checksum, startedBoot, status.lastError) : undefined;
       if (hold) await saveSerial({ ...(await serialState()), hold });
@@ -438,6 +450,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
       const wait = await finishInPlace(checksum, inPlaceWork.value, layered.value.osc.status?.inPlaceUpdates?.osUpdate);
       if (wait) return wait;
     }
+    // The gate starts now; it runs in the rollout controller, which says when a rollback is to be applied.
+    if (gates.admit) await deps.rollout.applied({ complete: true });
     failures = 0;
     const held = await serialState();
     if (held.hold || held.gaveUp) await saveSerial({ version: 1 });
@@ -451,8 +465,6 @@ export function startOscController(deps: OscControllerDeps): OscController {
     // Housekeeping after the report: the Node says the OSC is applied as soon as it is.
     await oscParser.keep(base);
     await pruneImages(desired);
-    if (gatedUnits.length > 0) return { atMs: now() + gateLookMs, why: "health gate" };
-    if (settings.budget) await deps.rollout.applied({ base, checksum }, applied);
     if (resolved.waitingFor.length > 0) {
       log.info("applied without the registries still waiting for their readiness probe", { registries: resolved.waitingFor });
       return { atMs: now() + registryProbeRetryMs, why: "registry readiness probe" };
@@ -461,64 +473,42 @@ export function startOscController(deps: OscControllerDeps): OscController {
   }
 
   /**
-   * Settles a change this node is gating for `checksum` (the Secret's OSC now): looks at the node's health
-   * until the gate passes or fails, rolls back if the Secret says so, or keeps a failed or rolled-back
-   * change from being applied again. Undefined: nothing of the kind, reconcile as usual.
+   * What the node's rollout says of this OSC's apply: undefined to apply it now, else the wait (held back,
+   * waiting for a slot, its gate running) — or the rollback the rollout asks for first.
    */
-  async function continueRollout(ids: Checksums, osc: Uint8Array, applied: string | undefined, settings: RolloutSettings): Promise<Wait | undefined> {
-    const { checksum } = ids;
-    const g = (await deps.rollout.state()).gate;
-    if (!g || g.checksum !== checksum) return undefined;
-    if (g.phase === "blocked" || g.phase === "failed") {
-      status.lastResult = g.phase === "failed" ? "failed" : "held";
-      status.lastError = g.phase === "failed" ? `health gate failed: ${g.failedCheck ?? "?"}` : `failed its health gate here (${g.failedCheck ?? "?"}); rolled back`;
-      return periodic();
-    }
-    const lastGood = g.phase === "rolled-back" ? await deps.rollout.lastGood(checksum) : undefined;
-    // The gate looks only at a complete apply: an unfinished one is applied (again) first.
-    if (g.phase === "gating" && applied !== checksum) return undefined;
-    if (g.phase === "rolled-back" && lastGood && applied !== lastGood.checksum) return rollBack(checksum, lastGood, settings);
-    const t = await deps.rollout.tick(settings);
-    if (!t) return undefined;
-    if (t.result === "pending") {
-      status.lastResult = "held";
-      status.lastError = `health gate: ${t.check ?? "settling"}`;
-      return { atMs: now() + gateLookMs, why: "health gate" };
-    }
-    if (t.result === "passed") {
-      await deps.rollout.passed(ids, osc);
-      status.lastResult = g.phase === "gating" ? "applied" : "held";
-      status.lastError = undefined;
-      return periodic();
-    }
-    const back = g.phase === "gating" && settings.rollback ? await deps.rollout.lastGood(checksum) : undefined;
-    await deps.rollout.failed(t.check, back !== undefined);
-    status.lastResult = "failed";
-    status.lastError = `health gate failed: ${t.check}`;
-    return back ? rollBack(checksum, back, settings) : periodic();
+  async function admit(w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<Wait | undefined> {
+    const disruption = plan ? disruptionOf(plan, settings.disruptiveUnits) : { units: [], paths: [] };
+    // A no-op re-check asks nothing of the rollout, unless it has work of its own under way.
+    if (disruption.units.length === 0 && disruption.paths.length === 0 && (plan?.steps.length ?? 0) === 0 && !(await deps.rollout.state()).current) return undefined;
+    const decision = await deps.rollout.offer({ ...w, disruption });
+    if (decision.do === "apply") return decision.target === "last-good" ? rollBack(w.checksum) : undefined;
+    status.lastResult = "held";
+    status.lastError = decision.do === "hold" ? decision.message : `OSC ${w.checksum.slice(0, 12)}: the health gate of this node's last change runs`;
+    return decision.do === "hold" ? { atMs: now() + decision.retryAfterMs, why: decision.reason } : periodic();
   }
 
-  /** Applies the node's last good OSC again after `failed` failed its gate; that one's gate runs next. */
-  async function rollBack(failed: string, back: { checksum: string; base: string; osc: Uint8Array }, settings: RolloutSettings): Promise<Wait> {
+  /** Applies the node's last good OSC again after `failed` failed its gate (under the same slot; its gate follows). */
+  async function rollBack(failed: string): Promise<Wait> {
+    const back = await deps.rollout.lastGood();
+    if (!back) throw new Error(`rolling back from OSC ${failed.slice(0, 12)}: no last good OSC is kept (${lastGoodOscPath})`);
     const source = `the last good OSC ${back.checksum.slice(0, 12)} (${lastGoodOscPath})`;
     const parsed = parseOscBytes(back.osc, source);
     if (!parsed.ok) throw new Error(`rolling back: ${parsed.errors.join("; ")}`);
     const resolved = await desiredForNode(parsed.value, source, { files: deps.files, hostName: deps.hostName, readSecret, images: deps.images, log, signal: stopping.signal });
     if (!resolved.ok) throw new Error(`rolling back: ${resolved.errors.join("; ")}`);
-    const state = await deps.store.read();
-    const { plan } = await planForNode({ desired: resolved.value, checksum: back.checksum, owned: state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
-    await deps.rollout.gated(back.checksum, disruptedUnits(plan, settings.disruptiveUnits), true);
-    const current = deps.node.current();
-    if (current) await deps.events.record({ node: nodeRef(current), type: "Warning", reason: "RolloutRolledBack", message: `OSC ${failed.slice(0, 12)} failed its health gate: going back to the last good OSC ${back.checksum.slice(0, 12)}` });
     log.warn("rolling back to the last good OSC", { failed, to: back.checksum });
     const outcome = await applyDesired(resolved.value, back.checksum, back.osc, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit });
     executed = outcome.executed;
+    const error = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
+    await deps.rollout.applied({ complete: outcome.complete, ...(error ? { error } : {}) });
+    status.lastResult = "failed";
+    status.lastError = `OSC ${failed.slice(0, 12)} failed its health gate; rolled back to ${back.checksum.slice(0, 12)}`;
     if (!outcome.complete) {
       await reportFailure(deps.node.current(), back.checksum, outcome);
       return retryWait("a failed rollback");
     }
     await reportSuccess(deps.node.current(), { base: back.base, checksum: back.checksum }, resolved.value, outcome);
-    return { atMs: now() + gateLookMs, why: "health gate of the rollback" };
+    return periodic();
   }
 
   /**
@@ -626,8 +616,11 @@ export function startOscController(deps: OscControllerDeps): OscController {
     return a[effectiveChecksumAnnotation] ?? a[annotations.appliedChecksum];
   }
 
-  /** The OSC with the Secret's overlays that match this Node's labels (none before the Node is known). */
-  function layersFor(osc: OperatingSystemConfig, source: string): Result<Layered> {
+  /**
+   * The OSC with the Secret's overlays that match this Node's labels (none before the Node is known), and
+   * the Secret's revision: osc.yaml and every overlay, what the pool's rollout admits and stops.
+   */
+  function layersFor(osc: OperatingSystemConfig, bytes: Uint8Array, source: string): Result<Layered & { revision: string }> {
     const data: Record<string, Uint8Array> = {};
     for (const [key, encoded] of Object.entries(secret?.data ?? {})) {
       if (!key.startsWith("overlay")) continue;
@@ -638,7 +631,8 @@ export function startOscController(deps: OscControllerDeps): OscController {
     const overlays = parseOverlays(data, source);
     if (!overlays.ok) return overlays;
     layeredSecret = overlays.value.length > 0;
-    return layerOsc(osc, overlays.value, deps.node.current()?.metadata?.labels ?? {}, source);
+    const layered = layerOsc(osc, overlays.value, deps.node.current()?.metadata?.labels ?? {}, source);
+    return layered.ok ? { ok: true, value: { ...layered.value, revision: layeredChecksum(bytes, overlays.value) } } : layered;
   }
 
   // Extracted files the applied OSC no longer uses would fill the disk over many updates.
@@ -750,6 +744,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
       stopping.abort(new Error("the agent is stopping"));
       if (timer) clearTimeout(timer);
       unsubscribe();
+      unsubscribeRollout();
       await secretWatch.stop();
       await secretRefs.stop();
       await finished;

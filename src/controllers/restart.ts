@@ -8,10 +8,11 @@
 // Each value is handled once: Node updates that still show it (kubelet's, or ours racing the watch)
 // are ignored until the annotation disappears or changes.
 //
-// With a disruption budget on the pool's Secret (src/controllers/rollout.ts), a request that restarts a
-// disruptive unit (kubelet and containerd always) first takes a slot — it waits, annotation and all,
-// while none is free — and gives it back once the node passed its health gate; a node that does not
-// pass keeps the slot (Warning RolloutHealthGateFailed) until it is healthy again.
+// A request that restarts a disruptive unit (kubelet and containerd always) is work of the node's rollout
+// (src/controllers/rollout): it waits, annotation and all, while the node is paused, outside the canary or
+// every maintenance window, or (with a disruption budget) for a slot; then its units restart and the node's
+// health gate runs, and the slot goes back once the node passed it. A node that does not pass keeps its
+// slot until it is healthy again; a failed OSC elsewhere never stops a requested restart.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import type { Systemd } from "../host/systemd.ts";
 import { apiClient, type Kube } from "../kube/client.ts";
@@ -19,10 +20,11 @@ import { rethrow } from "../kube/errors.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource } from "./types.ts";
-import type { RolloutSettings } from "../api/rollout.ts";
 import { countsAsDisruptive } from "../plan/disruption.ts";
-import type { Rollout } from "./rollout.ts";
+import { type Rollout, workRevision } from "./rollout/controller.ts";
 import { singleFlight } from "../loops.ts";
+import { sha256Hex } from "../api/desired.ts";
+import { effectiveChecksumAnnotation } from "../api/layers.ts";
 
 export const restartAnnotation = "worker.gardener.cloud/restart-systemd-services";
 /** Gardener's event reason for a unit restart, so existing tooling finds these events too. */
@@ -38,8 +40,10 @@ export type RestartControllerDeps = {
   selfUnit: string;
   /** Wait before trying again to remove the annotation after that failed (5 s). */
   retryMs?: number;
-  /** Fleet rollouts: the budget a disruptive restart goes through (none: restarts at once). */
+  /** Fleet rollouts: the admission a disruptive restart goes through (none: restarts at once). */
   rollout?: Rollout;
+  /** How long a request waits for the OSC controller's first look at the pool's Secret before it asks again. */
+  settingsRetryMs?: number;
 };
 
 const unitSuffixes = [".service", ".socket", ".target", ".timer", ".path", ".mount", ".automount", ".swap", ".slice", ".scope", ".device"];
@@ -71,7 +75,6 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   let latest: V1Node | undefined;
   let retry: ReturnType<typeof setTimeout> | undefined;
   let stopped = false;
-  const stopping = new AbortController();
 
   // Each pass works on the latest Node.
   const passes = singleFlight(async () => {
@@ -86,30 +89,20 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       return;
     }
     if (value !== handled?.value) {
+      if (retry) return; // waiting already
       const units = requestedUnits(value);
-      const rollout = deps.rollout;
-      const pool = rollout?.current();
-      const disruptive = pool?.settings.budget ? units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits)) : [];
-      if (rollout && pool && disruptive.length > 0) {
-        if (retry) return; // waiting for a slot already
-        const admitted = await rollout.takeSlot("restart", pool);
-        if (!admitted.go) {
-          log.info("the requested restart waits for a disruption slot", { units: disruptive, reason: admitted.reason, message: admitted.message });
-          retry = setTimeout(() => {
-            retry = undefined;
-            trigger();
-          }, Math.max(1000, admitted.retryAfterMs));
-          return;
-        }
-      }
+      const admission = await admit(node, value, units);
+      if (admission === "wait") return;
       handled = { value, node: nodeRef(node), restartSelf: false, removed: false, failures: 0 };
       log.info("restarting units on request", { annotation: restartAnnotation, units });
+      const failed: string[] = [];
       for (const unit of units) {
         if (unit === deps.selfUnit) handled.restartSelf = true;
-        else await restart(handled, unit);
+        else if (!(await restart(handled, unit))) failed.push(unit);
       }
+      // The gate runs in the rollout controller from here; the slot goes back once the node passed it.
+      if (admission === "admitted") await deps.rollout?.applied({ complete: failed.length === 0, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
       await removeAnnotation(handled);
-      if (rollout && pool && disruptive.length > 0) await gate(rollout, handled, disruptive, pool.settings);
       return;
     } else if (handled.removed || retry) {
       return; // done, or the removal is waiting for its retry
@@ -117,27 +110,56 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     await removeAnnotation(handled);
   }
 
-  // The slot goes back once the node passed its gate; until then (a failed gate included) it stays taken.
-  async function gate(rollout: Rollout, request: Request, units: string[], settings: RolloutSettings): Promise<void> {
-    let verdict = await rollout.gateUntilDone(units, settings, stopping.signal);
-    if (!verdict.passed && !stopping.signal.aborted) {
-      const message = `the node did not stay healthy after restarting ${units.join(", ")} on request: ${verdict.check}; it keeps its disruption slot until it does`;
-      log.warn("health gate after a requested restart failed", { units, check: verdict.check });
-      await deps.events.record({ node: request.node, type: "Warning", reason: "RolloutHealthGateFailed", message });
-      while (!verdict.passed && !stopping.signal.aborted) verdict = await rollout.gateUntilDone(units, settings, stopping.signal);
+  /**
+   * Whether the restart of `units` may go now: "free" (nothing disruptive, or no rollout), "admitted"
+   * (under the node's rollout, its gate to follow), or "wait" (asked again later).
+   */
+  async function admit(node: V1Node, value: string, units: string[]): Promise<"free" | "admitted" | "wait"> {
+    const rollout = deps.rollout;
+    if (!rollout) return "free";
+    const pool = rollout.current();
+    // Before the OSC controller has read the pool's Secret its settings are unknown: wait, never bypass them.
+    if (!pool) return later(deps.settingsRetryMs ?? 1000, "the rollout settings are not read yet");
+    const disruptive = units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits));
+    if (disruptive.length === 0) return "free";
+    const a = node.metadata?.annotations ?? {};
+    const applied = a[effectiveChecksumAnnotation] ?? a["checksum/cloud-config-data"] ?? "";
+    const decision = await rollout.offer({
+      kind: "restart",
+      revision: workRevision("restart", node.metadata?.name ?? "", sha256Hex(value).slice(0, 16)),
+      checksum: applied,
+      base: a["checksum/cloud-config-data"] ?? "",
+      disruption: { units: disruptive, paths: [] },
+    });
+    if (decision.do === "hold") {
+      log.info("the requested restart waits", { units: disruptive, reason: decision.reason, message: decision.message });
+      return later(decision.retryAfterMs, decision.reason);
     }
-    if (verdict.passed) await rollout.releaseSlot("restart");
+    // "wait": its restarts ran already (the agent restarted before removing the annotation): not again.
+    return decision.do === "apply" ? "admitted" : "wait";
   }
 
-  async function restart(request: Request, unit: string): Promise<void> {
+  function later(ms: number, why: string): "wait" {
+    retry = setTimeout(() => {
+      retry = undefined;
+      trigger();
+    }, Math.max(1000, ms));
+    log.debug("the requested restart asks again later", { why, inMs: ms });
+    return "wait";
+  }
+
+  /** Whether the unit restarted. */
+  async function restart(request: Request, unit: string): Promise<boolean> {
     try {
       await deps.systemd.restart(unit);
       log.info("restarted unit on request", { unit });
       await deps.events.record({ node: request.node, type: "Normal", reason: restartEventReason, message: `Restarted ${unit} as requested by the annotation ${restartAnnotation}` });
+      return true;
     } catch (err) {
       const error = describeError(err);
       log.error("could not restart unit on request", { unit, error });
       await deps.events.record({ node: request.node, type: "Warning", reason: restartEventReason, message: `Restarting ${unit} as requested by the annotation ${restartAnnotation} failed: ${error}` });
+      return false;
     }
   }
 
@@ -195,7 +217,6 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     stop: async () => {
       stopped = true;
       const finished = passes.stop();
-      stopping.abort();
       unsubscribe();
       if (retry) clearTimeout(retry);
       await finished;

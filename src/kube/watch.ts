@@ -69,8 +69,12 @@ export type WatchOptions<T> = {
   kube: Kube;
   /** Collection path, e.g. /api/v1/namespaces/kube-system/secrets. */
   path: string;
-  /** Required: the agent reads only its own objects (e.g. metadata.name=osc-abc). */
-  fieldSelector: string;
+  /**
+   * One of the two is required: the agent reads only its own objects (e.g. metadata.name=osc-abc), or its
+   * pool's rollout Leases by their label.
+   */
+  fieldSelector?: string;
+  labelSelector?: string;
   log: Logger;
   /** Awaited, one event at a time. A handler that throws is logged and counted; the watch goes on. */
   onEvent: (e: WatchEvent<T>) => void | Promise<void>;
@@ -95,8 +99,12 @@ export type Watcher = {
 };
 
 export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watcher {
-  if (!opts.fieldSelector) throw new Error(`watching ${opts.path}: a field selector is required (trellis reads only its own objects)`);
-  const { kube, path, fieldSelector, onEvent } = opts;
+  if (!opts.fieldSelector && !opts.labelSelector) throw new Error(`watching ${opts.path}: a field or label selector is required (trellis reads only its own objects)`);
+  const { kube, path, onEvent } = opts;
+  const selectors: Record<string, string> = {
+    ...(opts.fieldSelector ? { fieldSelector: opts.fieldSelector } : {}),
+    ...(opts.labelSelector ? { labelSelector: opts.labelSelector } : {}),
+  };
   const backoff = { ...defaultBackoff, ...opts.backoff };
   const timeouts = opts.timeoutSeconds ?? { min: 240, max: 360 };
   const idleTimeoutMs = opts.idleTimeoutMs ?? 150_000;
@@ -104,8 +112,8 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
   const random = opts.random ?? Math.random;
   const now = opts.now ?? monotonicMs;
   const sleep = opts.sleep ?? abortableSleep;
-  const target = `${path}?fieldSelector=${fieldSelector}`;
-  const log = opts.log.with({ watch: path, fieldSelector });
+  const target = `${path}?${Object.entries(selectors).map(([k, v]) => `${k}=${v}`).join("&")}`;
+  const log = opts.log.with({ watch: path, ...selectors });
 
   const stopper = new AbortController();
   const counters: WatchStats = { lists: 0, watches: 0, restarts: 0, gone: 0, errors: 0, events: 0, handlerErrors: 0, bookmarks: 0 };
@@ -171,7 +179,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     const a = attempt(what);
     let body: { kind?: string; apiVersion?: string; metadata?: { resourceVersion?: string }; items?: T[] };
     try {
-      const res = await a.progress(kubeGet(kube, path, { fieldSelector }, a.signal));
+      const res = await a.progress(kubeGet(kube, path, selectors, a.signal));
       const stream = res.body.stream();
       if (!stream) throw new KubeError(`${what}: the answer has no body`, "other");
       const text = await readBounded(stream, maxEventBytes, what, a.progress);
@@ -197,7 +205,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     const what = `watching ${target} from resourceVersion ${from}`;
     const a = attempt(what);
     const timeoutSeconds = timeouts.min + Math.floor(random() * (timeouts.max - timeouts.min + 1));
-    const query = { fieldSelector, watch: "true", resourceVersion: from, allowWatchBookmarks: "true", timeoutSeconds: String(timeoutSeconds) };
+    const query = { ...selectors, watch: "true", resourceVersion: from, allowWatchBookmarks: "true", timeoutSeconds: String(timeoutSeconds) };
     try {
       const res = await a.progress(kubeGet(kube, path, query, a.signal));
       if (res.httpStatusCode !== 200) throw statusError(kube, what, res.httpStatusCode, await a.progress(res.body.text()));

@@ -1,6 +1,10 @@
 // Whether a plan disrupts the node: it restarts or stops a unit that counts (the Secret's
-// disruptive-units patterns; kubelet and containerd always). A plan that only writes files no unit
-// lists, or enables units, disrupts nothing and is never held back by a rollout budget. Pure.
+// disruptive-units patterns; kubelet and containerd always), or it changes a file a running process reads
+// without a restart: a static pod manifest (kubelet starts the new pod at once), a registry's hosts.toml
+// (containerd reads it at the next pull), the CNI configuration (read for the next pod). Such a change
+// reaches a node the moment it is written, so one bad kube-apiserver manifest would restart it on every
+// control-plane node together: it passes the same admission, gate and budget as a unit restart. A plan
+// that writes only other files, or enables units, disrupts nothing and is never held back. Pure.
 import type { Plan } from "../api/plan.ts";
 
 export const alwaysDisruptive: readonly string[] = ["kubelet.service", "containerd.service"];
@@ -19,6 +23,18 @@ function glob(pattern: string): RegExp {
 export function countsAsDisruptive(unit: string, patterns: readonly string[]): boolean {
   return alwaysDisruptive.includes(unit) || patterns.some((p) => glob(p).test(unit));
 }
+
+/** Directories whose files running processes read as they change (see above). */
+export const liveReadDirs: readonly string[] = ["/etc/kubernetes/manifests/", "/etc/containerd/certs.d/", "/etc/cni/net.d/"];
+
+/** The files the plan writes or removes that a running process reads without a restart, in plan order. */
+export function disruptedPaths(plan: Plan): string[] {
+  const changed = plan.steps.flatMap((s) => ((s.kind === "write" || s.kind === "remove") && liveReadDirs.some((d) => s.path.startsWith(d)) ? [s.path] : []));
+  return [...new Set(changed)];
+}
+
+/** What the plan disrupts: counted units and live-read files. */
+export const disruptionOf = (plan: Plan, patterns: readonly string[]) => ({ units: disruptedUnits(plan, patterns), paths: disruptedPaths(plan) });
 
 /** The units the plan restarts or stops that count as disruptive, in plan order, each once. */
 export function disruptedUnits(plan: Plan, patterns: readonly string[]): string[] {

@@ -11,8 +11,8 @@ describe("gatesFor: which gates an OSC passes on this node", () => {
     ["state lost, the Node shows another OSC applied: still an update", { stateApplied: undefined, nodeApplied: "old" }, { kind: "update", delay: true, serial: true, admit: true }],
     ["taken over from gardener-node-agent (its checksum on the Node, no trellis state)", { stateApplied: undefined, nodeApplied: "gna" }, { kind: "update", delay: true, serial: true, admit: true }],
     ["a fresh node: the serial lease only", { stateApplied: undefined, nodeApplied: undefined }, { kind: "fresh", delay: false, serial: true, admit: false }],
-    ["this OSC is applied: no gate", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: false, admit: false }],
-    ["state lost, the Node shows this OSC applied: no gate", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: false }],
+    ["this OSC is applied: no delay or serial lease; drift repair passes the admission", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: false, admit: true }],
+    ["state lost, the Node shows this OSC applied: no delay or serial lease", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: true }],
     ["the state decides over the Node (it may not be patched yet)", { stateApplied: "old", nodeApplied: "new" }, { kind: "update", delay: true, serial: true, admit: true }],
   ] as const)("%s", (_, applied, gates) => {
     expect(gatesFor({ ...base, ...applied })).toEqual(gates);

@@ -1,7 +1,8 @@
 // The pure parts of fleet rollouts: settings on the Secret, budget arithmetic, maintenance windows (time
 // zones, daylight saving, past midnight), label selectors, and which plans are disruptive.
 import { describe, expect, test } from "bun:test";
-import { parseRolloutSettings, rolloutKeys, slotCount } from "../../src/api/rollout.ts";
+import { parseRolloutSettings, rolloutKeys } from "../../src/api/rollout.ts";
+import { budgetSlots } from "../../src/rollout/pool.ts";
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
 import { disruptedUnits } from "../../src/plan/disruption.ts";
@@ -87,13 +88,12 @@ describe("budget arithmetic", () => {
     ["34%", 3, 1],
   ])("%s of %i nodes → %i slot(s)", (text, pool, k) => {
     const budget = ok(settings({ [rolloutKeys.maxDisrupted]: text })).budget;
-    expect(budget && ok(slotCount(budget, pool, src))).toBe(k);
+    expect(budget && budgetSlots(budget, pool)).toBe(k);
   });
 
-  test("more nodes than the pool has is refused, naming the setting", () => {
+  test("a count above the pool's size (autoscaled below it) is the pool's size: disruptive updates go on (issue 19 item 8)", () => {
     const budget = ok(settings({ [rolloutKeys.maxDisrupted]: "4" })).budget;
-    const r = budget && slotCount(budget, 3, src);
-    expect(r).toEqual({ ok: false, errors: [`${src}: annotation ${rolloutKeys.maxDisrupted}: 4 is more than the pool's 3 node(s): no change would be bounded`] });
+    expect(budget && budgetSlots(budget, 3)).toBe(3);
   });
 
   test("property: a percentage never gives 0 slots nor more than the pool", () => {
@@ -101,7 +101,7 @@ describe("budget arithmetic", () => {
     for (let i = 0; i < 2000; i++) {
       const pool = 1 + rand.int(2000);
       const pct = 1 + rand.int(100);
-      const k = ok(slotCount({ text: `${pct}%`, percent: pct }, pool, src));
+      const k = budgetSlots({ text: `${pct}%`, percent: pct }, pool);
       expect(k).toBeGreaterThanOrEqual(1);
       expect(k).toBeLessThanOrEqual(pool);
       expect(k).toBe(Math.max(1, Math.floor((pct * pool) / 100)));

@@ -1,0 +1,284 @@
+// The node's side of a fleet rollout: the one writer of its rollout state (src/rollout/machine.ts, kept in
+// rollout.json), its ticket and slot on the pool (src/kube/pool-leases.ts), standing as the pool's leader
+// while it waits (src/kube/pool-leader.ts), and the health gate's looks. The controllers that disrupt the
+// node (OSC updates, requested restarts, drift repair) `offer` their work and do what the answer says; this
+// controller tells them (`onChange`) when the answer may have changed: a grant, a failed gate to roll back.
+//
+// Every event is stepped, saved and acted on inside one serializer, so no two read-modify-writes of the
+// state interleave; what the state implies on the pool (a request on the ticket, a slot given back) is
+// done after it was saved, and done again after a crash, from the state.
+import type { V1Lease } from "@kubernetes/client-node";
+import { lastGoodOscPath, NodeRolloutSchema, rolloutStatePath } from "../../api/rollout-state.ts";
+import type { RolloutSettings } from "../../api/rollout.ts";
+import { type BootClockReading, readBootClock, sinceBootMs } from "../../host/boot-clock.ts";
+import { jsonStore } from "../../host/json-store.ts";
+import { paths } from "../../api/paths.ts";
+import { type LeaseApi, leaseApi, type LeaseWatch } from "../../kube/lease-api.ts";
+import { type PoolLeader, startPoolLeader } from "../../kube/pool-leader.ts";
+import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.ts";
+import { describeError } from "../../log.ts";
+import { every, type Loop, serializer } from "../../loops.ts";
+import { holdBack } from "../../rollout/hold-back.ts";
+import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
+import { admitted, type Ticket } from "../../rollout/pool.ts";
+import { monotonicMs } from "../../time.ts";
+import { checkHealth } from "../health-gate.ts";
+import type { OscWorkDeps } from "../types.ts";
+import { createRolloutReporter } from "./report.ts";
+
+export { rolloutConditionType } from "./report.ts";
+
+/** The pool's Secret as the OSC controller sees it now. */
+export type PoolContext = { secretUid: string; settings: RolloutSettings };
+
+/** What a controller does about its work now. */
+export type Decision =
+  | { do: "apply"; target: "work" | "last-good" }
+  | { do: "hold"; reason: string; message: string; retryAfterMs: number }
+  /** Nothing to apply: the work is admitted and applied, and its gate runs here (or it is done). */
+  | { do: "wait" };
+
+export type Rollout = {
+  observe(pool: PoolContext): void;
+  current(): PoolContext | undefined;
+  /** Whether `work` may be applied now (and what to apply: a rollback may come first). */
+  offer(work: Work): Promise<Decision>;
+  /** An apply done on `offer`'s word ended. */
+  applied(outcome: { complete: boolean; error?: string }): Promise<Decision>;
+  /** The node's rollout state as saved. */
+  state(): Promise<NodeRollout>;
+  /** The last good OSC's bytes, for a rollback. */
+  lastGood(): Promise<{ checksum: string; base: string; osc: Uint8Array } | undefined>;
+  /** Called when a decision may have changed (a grant arrived, a gate failed and the node rolls back). */
+  onChange(listener: () => void): () => void;
+  stop(): Promise<void>;
+};
+
+export type RolloutDeps = OscWorkDeps & {
+  stuckThresholdMs: number;
+  /** The pool's Leases (default: the API server's, in kube-system). */
+  leases?: LeaseApi;
+  /** The boot clock every gate is timed by (default: /proc). */
+  bootClock?: () => BootClockReading;
+  /** Monotonic ms, for the leader's view of its Lease. */
+  clock?: () => number;
+  wallNow?: () => Date;
+  /** How often a running gate looks at the node. */
+  lookEveryMs?: number;
+};
+
+export function startRollout(deps: RolloutDeps): Rollout {
+  const log = deps.log.with({ controller: "rollout" });
+  const bootClock = deps.bootClock ?? readBootClock;
+  const wallNow = deps.wallNow ?? (() => new Date());
+  const api = deps.leases ?? leaseApi(deps.kube, "kube-system", log);
+  const store = jsonStore(deps.files, rolloutStatePath, NodeRolloutSchema, emptyNodeRollout);
+  const writer = serializer();
+  const report = createRolloutReporter({ ...deps, log });
+  const listeners = new Set<() => void>();
+  let cached: NodeRollout | undefined;
+  let pool: PoolContext | undefined;
+  // `shown`: what the pool was last made to show of this node (undefined: not yet since the agent started).
+  let membership: { member: PoolMember; leader: PoolLeader; ticket?: LeaseWatch; key: string; shown?: string } | undefined;
+  let stopped = false;
+
+  const changed = () => {
+    for (const l of listeners) l();
+  };
+
+  async function load(): Promise<NodeRollout> {
+    cached ??= await store.read();
+    return cached;
+  }
+
+  const ctx = (settings: RolloutSettings): Ctx => {
+    const now = bootClock();
+    return { now, wallIso: new Date(now.wallMs).toISOString(), policy: { pooled: settings.budget !== undefined, settleMs: settings.settleMs, healthTimeoutMs: settings.healthTimeoutMs, rollback: settings.rollback } };
+  };
+
+  /** Steps `e`, saves the state, makes the pool match it and carries out what needs no other controller. */
+  async function drive(e: Event, settings: RolloutSettings): Promise<Action> {
+    let event: Event | undefined = e;
+    let action: Action = { do: "nothing" };
+    while (event) {
+      const before = await load();
+      const r = step(before, event, ctx(settings));
+      if (r.state !== before) {
+        await store.write(r.state);
+        cached = r.state;
+      }
+      await report.transition(before, r.state, r.action);
+      await syncPool(r.state);
+      action = r.action;
+      event = undefined;
+      if (action.do === "record-failure") {
+        await requireMember().recordFailure({ revision: action.revision, node: nodeName(), failure: action.check, at: wallNow().toISOString() });
+        event = { type: "failure-recorded" };
+      } else if (action.do === "released" && (action.passed.kind === "osc" || action.passed.kind === "in-place")) {
+        await keepLastGood(r.state);
+      }
+    }
+    if (action.do === "apply" && action.target === "last-good") changed();
+    return action;
+  }
+
+  const nodeName = () => deps.node.current()?.metadata?.name ?? "";
+
+  function requireMember(): PoolMember {
+    const m = member();
+    if (!m) throw new Error("the Node is not registered yet: the pool's Leases name it");
+    return m.member;
+  }
+
+  /** The pool membership for the current Secret and Node (recreated when either changes). */
+  function member(): typeof membership {
+    const node = deps.node.current();
+    const name = node?.metadata?.name;
+    const uid = node?.metadata?.uid;
+    if (!pool || !name || !uid || !pool.settings.budget) return undefined;
+    const key = `${pool.secretUid}/${uid}`;
+    if (membership?.key === key) return membership;
+    void membership?.leader.stop();
+    void membership?.ticket?.stop();
+    const ref = { secret: { name: deps.secretName, uid: pool.secretUid }, node: { name, uid } };
+    const m = poolMember(api, ref);
+    const leader = startPoolLeader({ api, ref, log, budget: () => pool?.settings.budget, clock: deps.clock ?? monotonicMs, wallNow });
+    membership = { member: m, leader, key };
+    return membership;
+  }
+
+  /**
+   * Makes the pool show what the state says: the request while waiting or holding, nothing once done (the
+   * slot given back). Only on a change of that, so a running gate's looks cost the API server nothing.
+   */
+  async function syncPool(s: NodeRollout): Promise<void> {
+    const m = member();
+    if (!m) return;
+    const cur = s.current;
+    const shown = cur ? `${cur.phase === "waiting" ? "waiting" : "holding"}/${cur.work.revision}` : "idle";
+    if (m.shown === shown) return;
+    if (m.shown === undefined) await m.member.ensureTicket();
+    if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString() }));
+    else await m.member.release();
+    m.shown = shown;
+    m.leader.campaign(cur?.phase === "waiting");
+  }
+
+  /** While the node waits, its ticket is watched for the grant; a ticket deleted under a holder frees it. */
+  function watchTicket(m: NonNullable<typeof membership>, ticket: Ticket | undefined): void {
+    if (m.ticket || !ticket) return;
+    m.ticket = api.watch({ name: m.member.ticketName }, async (e) => {
+      const settings = pool?.settings;
+      if (!settings || stopped) return;
+      const t = e.type === "DELETED" ? undefined : readTicket(e.object as V1Lease, `Lease kube-system/${m.member.ticketName}`);
+      await writer.run(async () => {
+        const cur = (await load()).current;
+        if (!cur) return;
+        if (cur.phase === "waiting" && admitted(t) && t?.grant?.revision === cur.work.revision) {
+          await drive({ type: "granted", revision: cur.work.revision }, settings);
+          changed();
+        } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
+          await report.stopped(cur.work, t.grant.stopped);
+        } else if (e.type === "DELETED" && cur.phase !== "waiting") {
+          log.warn("the node's ticket was deleted while it held a slot: the slot is freed", { ticket: m.member.ticketName });
+          await drive({ type: "slot-lost" }, settings);
+        }
+      }).catch((err: unknown) => log.warn("handling the ticket's change failed", { error: describeError(err) }));
+    });
+  }
+
+  async function keepLastGood(s: NodeRollout): Promise<void> {
+    // The OSC that passed is the last one applied: its bytes are last-applied-osc.yaml.
+    const applied = (await deps.store.read()).lastApplied?.checksum;
+    if (!s.lastGood || applied !== s.lastGood.checksum) return;
+    const bytes = await deps.files.read(paths.lastAppliedOsc);
+    if (bytes) await deps.files.writeAtomic(lastGoodOscPath, bytes, 0o600);
+  }
+
+  // The gate's looks run here, whoever applied the work.
+  const looks: Loop = every(deps.lookEveryMs ?? 1_000, async () => {
+    const settings = pool?.settings;
+    if (!settings || stopped) return;
+    await writer
+      .run(async () => {
+        const cur = (await load()).current;
+        if (!cur || cur.phase === "waiting") return;
+        if (cur.phase === "failing") return void (await drive({ type: "want", work: cur.work }, settings));
+        const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, settings);
+        await drive(verdict.healthy ? { type: "look", healthy: true } : { type: "look", healthy: false, check: verdict.check }, settings);
+      })
+      .catch((err: unknown) => log.warn("a look at the node's health failed", { error: describeError(err) }));
+  });
+
+  const look = (units: string[], settings: RolloutSettings) =>
+    checkHealth(
+      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: sinceBootMs },
+      settings,
+      { units },
+    );
+
+  function decision(a: Action, settings: RolloutSettings): Decision {
+    switch (a.do) {
+      case "apply":
+        return { do: "apply", target: a.target };
+      case "apply-free":
+        return { do: "apply", target: "work" };
+      case "hold":
+        return { do: "hold", reason: a.reason, message: a.message, retryAfterMs: a.retryAfterMs ?? Math.min(60_000, settings.settleMs || 60_000) };
+      default:
+        return { do: "wait" };
+    }
+  }
+
+  return {
+    observe(next) {
+      const budgetRemoved = pool?.settings.budget !== undefined && next.settings.budget === undefined;
+      pool = next;
+      membership?.leader.poke();
+      if (budgetRemoved) {
+        // Without a budget nothing is held for the pool any more: a slot this node kept (a failed gate) goes back.
+        void writer.run(async () => {
+          if ((await load()).current) await drive({ type: "slot-lost" }, next.settings);
+          await membership?.member.release();
+        });
+      }
+    },
+    current: () => pool,
+    offer: (work) =>
+      writer.run(async () => {
+        const settings = pool?.settings;
+        if (!settings) throw new Error("no rollout settings yet: the OSC controller has not read the pool's Secret");
+        const labels = deps.node.current()?.metadata?.labels ?? {};
+        const what = work.kind === "osc" ? `OSC ${work.checksum.slice(0, 12)}` : `${work.kind} ${work.revision}`;
+        const blocker = holdBack({ what, labels, settings, disrupts: [...work.disruption.units, ...work.disruption.paths], now: wallNow() });
+        return decision(await drive({ type: "want", work, ...(blocker ? { holdBack: blocker } : {}) }, settings), settings);
+      }),
+    applied: (outcome) =>
+      writer.run(async () => {
+        const settings = pool?.settings;
+        if (!settings) return { do: "wait" };
+        return decision(await drive({ type: "applied", ...outcome }, settings), settings);
+      }),
+    state: () => writer.run(load),
+    async lastGood() {
+      const s = await writer.run(load);
+      if (!s.lastGood) return undefined;
+      const osc = await deps.files.read(lastGoodOscPath);
+      return osc ? { checksum: s.lastGood.checksum, base: s.lastGood.base, osc } : undefined;
+    },
+    onChange(listener) {
+      listeners.add(listener);
+      return () => void listeners.delete(listener);
+    },
+    async stop() {
+      stopped = true;
+      await looks.stop();
+      await writer.idle();
+      await membership?.leader.stop();
+      await membership?.ticket?.stop();
+    },
+  };
+}
+
+/** A name of its own for a piece of work other than an OSC change (what a pool's failure record never names). */
+export const workRevision = (kind: string, node: string, what: string) => `${kind}/${node}/${what}`;

@@ -1,0 +1,256 @@
+// The agent that admits its pool's waiting nodes: elected with the Lease `<secret>-leader` among the agents
+// that wait for a slot, it watches the pool's tickets and the slots record and admits the next waiting
+// nodes, oldest request first, with one compare-and-swap on the record and one write to each ticket. Only
+// the leader reads the whole pool (one list when it starts leading, then a watch); it resigns when nobody
+// waits, so a pool without a rollout costs nothing.
+//
+// Expiry is judged on this agent's own monotonic clock: the leader's Lease counts as expired only after
+// this agent has seen it unchanged for a whole lease duration, never by comparing renewTime (another
+// node's wall clock) with its own. Two leaders at once (a partition healing) cannot admit more than k: every
+// admission is a compare-and-swap on the one record.
+import type { V1Lease } from "@kubernetes/client-node";
+import type { Budget } from "../api/rollout.ts";
+import { describeError, type Logger } from "../log.ts";
+import { every, type Loop, singleFlight } from "../loops.ts";
+import { budgetSlots, decide, encodeTicket, grantsOwed, leaderLeaseName, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { KubeError } from "./errors.ts";
+import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
+import { microTime } from "./micro-time.ts";
+import { compareAndSwap, patchAnnotations, type PoolRef, readPool, readTicket, secretOwner, slotsLeaseBody } from "./pool-leases.ts";
+
+export type LeaderDeps = {
+  api: LeaseApi;
+  ref: PoolRef;
+  log: Logger;
+  /** The pool's budget as the Secret says now (undefined: no budget, nothing to admit). */
+  budget: () => Budget | undefined;
+  /** Monotonic ms. */
+  clock: () => number;
+  /** Wall clock, for timestamps people read. */
+  wallNow: () => Date;
+  leaseDurationMs?: number;
+  renewEveryMs?: number;
+};
+
+export type PoolLeader = {
+  /** Whether this agent wants the pool to have a leader (it waits for a slot): it stands when there is none. */
+  campaign(want: boolean): void;
+  leading(): boolean;
+  /** Runs an admission pass now (the budget changed). */
+  poke(): void;
+  stop(): Promise<void>;
+};
+
+type Leading = {
+  renewedAt: number;
+  /** The pool's tickets by node, and each node's ticket Lease name. */
+  tickets: Map<string, Ticket>;
+  leaseOf: Map<string, string>;
+  /** undefined: the record cannot be read (nobody is admitted until it is fixed); none yet is an empty pool. */
+  record?: PoolRecord;
+  watches: LeaseWatch[];
+  synced: Promise<void>;
+};
+
+export function startPoolLeader(deps: LeaderDeps): PoolLeader {
+  const { api, ref } = deps;
+  const log = deps.log.with({ pool: ref.secret.name });
+  const name = leaderLeaseName(ref.secret.name);
+  const slots = slotsLeaseName(ref.secret.name);
+  const durationMs = deps.leaseDurationMs ?? 30_000;
+  const renewEveryMs = deps.renewEveryMs ?? durationMs / 3;
+  let wanted = false;
+  let stopped = false;
+  // What this agent saw of the leader's Lease, and when (its own clock) that last changed.
+  let seen: { lease: V1Lease | undefined; changedAt: number } | undefined;
+  // While leading: when the last renewal succeeded, and the watches of the pool.
+  let lead: Leading | undefined;
+  let leaderWatch: LeaseWatch | undefined;
+
+  const observe = (lease: V1Lease | undefined) => {
+    if (seen && seen.lease?.metadata?.resourceVersion === lease?.metadata?.resourceVersion) return;
+    seen = { lease, changedAt: deps.clock() };
+  };
+  const watchLeader = () => {
+    leaderWatch ??= api.watch({ name }, (e) => observe(e.type === "DELETED" ? undefined : e.object));
+  };
+
+  const leaseBody = (current: V1Lease | undefined, holder: string | undefined): V1Lease => {
+    const at = microTime(deps.wallNow());
+    const taking = holder !== undefined && current?.spec?.holderIdentity !== holder;
+    return {
+      apiVersion: "coordination.k8s.io/v1",
+      kind: "Lease",
+      metadata: { ...current?.metadata, name, labels: { ...current?.metadata?.labels, [poolLeaseLabel]: ref.secret.name }, ownerReferences: [secretOwner(ref.secret)] },
+      spec: {
+        ...current?.spec,
+        holderIdentity: holder,
+        leaseDurationSeconds: Math.ceil(durationMs / 1000),
+        renewTime: at,
+        ...(taking ? { acquireTime: at, leaseTransitions: (current?.spec?.leaseTransitions ?? 0) + (current ? 1 : 0) } : {}),
+      },
+    };
+  };
+
+  const expired = () => {
+    const holder = seen?.lease?.spec?.holderIdentity;
+    if (!holder) return true;
+    return deps.clock() - (seen?.changedAt ?? deps.clock()) >= durationMs;
+  };
+
+  async function tick(): Promise<void> {
+    if (stopped) return;
+    if (lead) {
+      if (!wanted && !waiting(lead)) return resign();
+      const renewed = await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, ref.node.name) : undefined), true);
+      if (renewed === "written") lead.renewedAt = deps.clock();
+      // Taken by another agent, or not renewed for so long that others may stand: no longer the leader.
+      else if (renewed === "lost" || deps.clock() - lead.renewedAt >= durationMs - renewEveryMs) await abdicate("could not renew the leader's Lease");
+      return;
+    }
+    if (!wanted) return;
+    watchLeader();
+    await leaderWatch?.synced;
+    if (!expired()) return;
+    const taken = await write((current) => {
+      const holder = current?.spec?.holderIdentity;
+      // Only the version this agent judged expired (or a free one) is taken: a renewal meanwhile is a conflict.
+      if (holder && current?.metadata?.resourceVersion !== seen?.lease?.metadata?.resourceVersion) return undefined;
+      return leaseBody(current, ref.node.name);
+    }, false);
+    if (taken === "written") startLeading();
+  }
+
+  /** Writes the leader's Lease: "lost" when another agent holds it or wrote it meanwhile, "error" when the API server failed. */
+  async function write(change: (current: V1Lease | undefined) => V1Lease | undefined, renewing: boolean): Promise<"written" | "lost" | "error"> {
+    try {
+      const current = await api.get(name);
+      const next = change(current);
+      if (!next) {
+        observe(current);
+        return "lost";
+      }
+      observe(current ? await api.replace(next) : await api.create(next));
+      return "written";
+    } catch (err) {
+      if (err instanceof KubeError && (err.reason === "conflict" || err.reason === "not-found")) return "lost";
+      log.warn(renewing ? "could not renew the pool's leader Lease" : "could not take the pool's leader Lease", { error: describeError(err) });
+      return "error";
+    }
+  }
+
+  function startLeading(): void {
+    log.info("leading the pool's rollout: admitting waiting nodes", { lease: name });
+    const state: Leading = { renewedAt: deps.clock(), tickets: new Map(), leaseOf: new Map(), record: { holders: [] }, watches: [], synced: Promise.resolve() };
+    const nodeOf = new Map<string, string>();
+    const ticketWatch = api.watch({ labelSelector: `${ticketLabel}=${ref.secret.name}` }, (e) => {
+      const key = e.object.metadata?.name as string;
+      const before = nodeOf.get(key);
+      if (before !== undefined) {
+        state.tickets.delete(before);
+        state.leaseOf.delete(before);
+        nodeOf.delete(key);
+      }
+      const t = e.type === "DELETED" ? undefined : readTicket(e.object, `Lease kube-system/${key}`);
+      if (t) {
+        state.tickets.set(t.node, t);
+        state.leaseOf.set(t.node, key);
+        nodeOf.set(key, t.node);
+      }
+      passes.trigger("ticket changed");
+    });
+    const recordWatch = api.watch({ name: slots }, (e) => {
+      try {
+        state.record = readPool(e.type === "DELETED" ? undefined : e.object, `Lease kube-system/${slots}`);
+      } catch (err) {
+        state.record = undefined;
+        log.error("the pool's slots record cannot be read: nobody is admitted until it is fixed", { lease: slots, error: describeError(err) });
+      }
+      passes.trigger("record changed");
+    });
+    state.watches = [ticketWatch, recordWatch];
+    state.synced = Promise.all([ticketWatch.synced, recordWatch.synced]).then(() => undefined);
+    lead = state;
+    void state.synced.then(() => passes.trigger("leading"));
+  }
+
+  async function abdicate(why: string): Promise<void> {
+    const was = lead;
+    lead = undefined;
+    if (!was) return;
+    log.info("no longer leading the pool's rollout", { why });
+    await Promise.all(was.watches.map((w) => w.stop()));
+  }
+
+  async function resign(): Promise<void> {
+    await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, undefined) : undefined), true);
+    await abdicate("nobody waits");
+  }
+
+  const waiting = (l: NonNullable<typeof lead>) => [...l.tickets.values()].some((t) => t.request && t.grant?.revision !== t.request.revision);
+
+  /** One admission pass over what the watches show. */
+  const passes = singleFlight(async () => {
+    const l = lead;
+    const budget = deps.budget();
+    if (!l || !budget || stopped) return;
+    await l.synced;
+    if (!l.record) return;
+    try {
+      await admit(l, budget);
+    } catch (err) {
+      log.warn("an admission pass failed; the next change or renewal tries again", { error: describeError(err) });
+    }
+  });
+
+  async function admit(l: NonNullable<typeof lead>, budget: Budget): Promise<void> {
+    const k = budgetSlots(budget, l.tickets.size);
+    const at = deps.wallNow().toISOString();
+    let admitted: Ticket[] = [];
+    const written = await compareAndSwap(api, slots, (current) => {
+      const record = readPool(current, `Lease kube-system/${slots}`);
+      const d = decide(record, l.tickets, k);
+      admitted = d.admit;
+      let next = d.drop.length > 0 ? withoutHolders(record, d.drop) : record;
+      for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at);
+      if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
+      if (next === record && record.poolSize === l.tickets.size) return undefined;
+      return slotsLeaseBody(ref.secret, current, { ...next, poolSize: l.tickets.size });
+    });
+    const record = readPool(written, `Lease kube-system/${slots}`);
+    for (const h of grantsOwed(record, l.tickets)) await tell(l, h.node, { revision: h.revision, at });
+    for (const t of stopsOwed(record, l.tickets)) await tell(l, t.node, { revision: t.request?.revision as string, at, stopped: `${record.failed?.failure ?? ""} (on ${record.failed?.node ?? "?"})` });
+    if (admitted.length > 0) log.info("admitted waiting nodes", { nodes: admitted.map((t) => t.node), k, poolSize: l.tickets.size });
+  }
+
+  /** Writes a grant (or a stop) on a node's ticket, if it still asks for that revision. */
+  async function tell(l: Leading, node: string, grant: { revision: string; at: string; stopped?: string }): Promise<void> {
+    const leaseName = l.leaseOf.get(node);
+    if (!leaseName) return;
+    await compareAndSwap(api, leaseName, (current) => {
+      if (!current) return undefined;
+      const t = readTicket(current, `Lease kube-system/${leaseName}`);
+      if (t?.request?.revision !== grant.revision || t.grant?.revision === grant.revision) return undefined;
+      return { ...current, metadata: { ...current.metadata, annotations: patchAnnotations(current.metadata?.annotations, encodeTicket({ request: t.request, grant })) } };
+    });
+  }
+
+  const loop: Loop = every(renewEveryMs, tick);
+
+  return {
+    campaign(want) {
+      if (want === wanted) return;
+      wanted = want;
+      if (want) loop.wake();
+    },
+    leading: () => lead !== undefined,
+    poke: () => passes.trigger("budget changed"),
+    async stop() {
+      stopped = true;
+      await loop.stop();
+      await passes.stop();
+      await abdicate("the agent is stopping");
+      await leaderWatch?.stop();
+    },
+  };
+}

@@ -1,0 +1,197 @@
+// A node's reads and writes of its pool's rollout Leases (the data and decisions: src/rollout/pool.ts).
+// Every write is a compare-and-swap on the resourceVersion just read, retried on a conflict with a fresh
+// read; nothing here lists the pool.
+import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
+import { createHash } from "node:crypto";
+import {
+  decodePool,
+  decodeTicket,
+  encodePool,
+  encodeTicket,
+  type Failure,
+  type Holder,
+  type PoolRecord,
+  poolLeaseLabel,
+  type Request,
+  slotsLeaseName,
+  type Ticket,
+  ticketLabel,
+  ticketName,
+  withHolder,
+  withoutHolders,
+} from "../rollout/pool.ts";
+import { KubeError } from "./errors.ts";
+import type { LeaseApi } from "./lease-api.ts";
+
+export type PoolRef = { secret: { name: string; uid: string }; node: { name: string; uid: string } };
+
+/** Attempts of one compare-and-swap before it gives up (each after a conflict, with a fresh read). */
+const casAttempts = 16;
+
+/** `annotations` with `changes` applied (null removes a key). */
+export function patchAnnotations(annotations: Readonly<Record<string, string>> | undefined, changes: Readonly<Record<string, string | null>>): Record<string, string> {
+  const out: Record<string, string> = { ...annotations };
+  for (const [k, v] of Object.entries(changes)) {
+    if (v === null) delete out[k];
+    else out[k] = v;
+  }
+  return out;
+}
+
+export const secretOwner = (secret: PoolRef["secret"]): V1OwnerReference => ({ apiVersion: "v1", kind: "Secret", name: secret.name, uid: secret.uid, controller: true });
+const nodeOwner = (node: PoolRef["node"]): V1OwnerReference => ({ apiVersion: "v1", kind: "Node", name: node.name, uid: node.uid, controller: true });
+const digest = (s: string) => createHash("sha256").update(s).digest("hex");
+
+/**
+ * Reads `name`, lets `change` decide the new Lease (undefined: nothing to write) and writes it with the
+ * version read; on a conflict, reads again and decides again. Returns the Lease as written (or as read).
+ */
+export async function compareAndSwap(api: LeaseApi, name: string, change: (current: V1Lease | undefined) => V1Lease | undefined): Promise<V1Lease | undefined> {
+  for (let attempt = 1; ; attempt++) {
+    const current = await api.get(name);
+    const next = change(current);
+    if (!next) return current;
+    try {
+      return current ? await api.replace(next) : await api.create(next);
+    } catch (err) {
+      const retry = err instanceof KubeError && (err.reason === "conflict" || (err.reason === "not-found" && current !== undefined));
+      if (!retry || attempt >= casAttempts) throw err;
+    }
+  }
+}
+
+/** The slots record Lease of `secret` holding `record` (`current`: as read, undefined to create it). */
+export function slotsLeaseBody(secret: PoolRef["secret"], current: V1Lease | undefined, record: PoolRecord): V1Lease {
+  return {
+    apiVersion: "coordination.k8s.io/v1",
+    kind: "Lease",
+    metadata: {
+      ...current?.metadata,
+      name: slotsLeaseName(secret.name),
+      labels: { ...current?.metadata?.labels, [poolLeaseLabel]: secret.name },
+      annotations: patchAnnotations(current?.metadata?.annotations, encodePool(record)),
+      ownerReferences: [secretOwner(secret)],
+    },
+    spec: { ...current?.spec },
+  };
+}
+
+export function readPool(lease: V1Lease | undefined, source: string): PoolRecord {
+  const r = decodePool(lease?.metadata?.annotations, source);
+  // Unreadable: nobody may be admitted (an empty reading would admit k more while k are disrupted).
+  if (!r.ok) throw new KubeError(r.errors.join("; "), "other");
+  return r.value;
+}
+
+export function readTicket(lease: V1Lease, source: string): Ticket | undefined {
+  const node = lease.spec?.holderIdentity;
+  if (!node) return undefined;
+  const r = decodeTicket(node, lease.metadata?.annotations, source);
+  return r.ok ? r.value : undefined;
+}
+
+export type PoolMember = {
+  readonly ticketName: string;
+  /** Creates the node's ticket if it has none (the pool counts its nodes by their tickets). */
+  ensureTicket(): Promise<void>;
+  /**
+   * Sets what the node asks for (undefined: nothing), keeping a grant only for the revision still asked for
+   * and the time of a request for the same revision.
+   */
+  request(request: Request | undefined): Promise<Ticket | undefined>;
+  /** This node's entry on the record, if it holds a slot. */
+  holding(): Promise<Holder | undefined>;
+  /**
+   * Moves the slot this node holds on to `revision` (work applied under it). Refused when that revision
+   * failed its gate elsewhere, or when the node no longer holds a slot (an operator freed it).
+   */
+  moveOn(revision: string, at: string): Promise<{ ok: true } | { ok: false; stopped?: Failure }>;
+  /** Writes that `revision` failed its gate here; the node keeps its slot. */
+  recordFailure(failure: Failure): Promise<void>;
+  /** Withdraws the ticket's request and gives the slot back. */
+  release(): Promise<void>;
+  /** The failure on the record for `revision`, if any (one read). */
+  stopped(revision: string): Promise<Failure | undefined>;
+};
+
+export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
+  const name = ticketName(ref.secret.name, ref.node.name, digest);
+  const slots = slotsLeaseName(ref.secret.name);
+  const source = `Lease kube-system/${slots}`;
+
+  const ticketBody = (current: V1Lease | undefined, annotations: Record<string, string>): V1Lease => ({
+    apiVersion: "coordination.k8s.io/v1",
+    kind: "Lease",
+    metadata: {
+      ...current?.metadata,
+      name,
+      labels: { ...current?.metadata?.labels, [ticketLabel]: ref.secret.name },
+      annotations,
+      // The garbage collector deletes a ticket with its Node: a holder whose Node is gone frees its slot.
+      ownerReferences: [nodeOwner(ref.node)],
+    },
+    spec: { ...current?.spec, holderIdentity: ref.node.name },
+  });
+
+  async function updatePool(change: (record: PoolRecord) => PoolRecord | undefined): Promise<void> {
+    await compareAndSwap(api, slots, (current) => {
+      const next = change(readPool(current, source));
+      return next ? slotsLeaseBody(ref.secret, current, next) : undefined;
+    });
+  }
+
+  return {
+    ticketName: name,
+    async ensureTicket() {
+      await compareAndSwap(api, name, (current) => (current ? undefined : ticketBody(undefined, {})));
+    },
+    async request(request) {
+      const written = await compareAndSwap(api, name, (current) => {
+        const t = current ? readTicket(current, `Lease kube-system/${name}`) : undefined;
+        const grant = request && t?.grant?.revision === request.revision ? t.grant : undefined;
+        // Asked again for the same revision (an agent restart): the place in the queue is kept.
+        if (request && t?.request?.revision === request.revision) request = { ...request, since: t.request.since };
+        const same = JSON.stringify(t?.request) === JSON.stringify(request) && JSON.stringify(t?.grant) === JSON.stringify(grant);
+        return current && same ? undefined : ticketBody(current, patchAnnotations(current?.metadata?.annotations, encodeTicket({ ...(request ? { request } : {}), ...(grant ? { grant } : {}) })));
+      });
+      return written ? readTicket(written, `Lease kube-system/${name}`) : undefined;
+    },
+    async holding() {
+      return readPool(await api.get(slots), source).holders.find((h) => h.node === ref.node.name);
+    },
+    async moveOn(revision, at) {
+      let outcome: { ok: true } | { ok: false; stopped?: Failure } = { ok: true };
+      await updatePool((record) => {
+        const mine = record.holders.find((h) => h.node === ref.node.name);
+        if (record.failed?.revision === revision) {
+          outcome = { ok: false, stopped: record.failed };
+          return undefined;
+        }
+        if (!mine) {
+          outcome = { ok: false };
+          return undefined;
+        }
+        outcome = { ok: true };
+        return mine.revision === revision ? undefined : withHolder(record, ref.node.name, revision, at);
+      });
+      return outcome;
+    },
+    async recordFailure(failure) {
+      await updatePool((record) => (JSON.stringify(record.failed) === JSON.stringify(failure) ? undefined : { ...record, failed: failure }));
+    },
+    async release() {
+      // The ticket first: once it asks for nothing the leader cannot admit the node again, and a holder entry
+      // left behind by a stop between the two writes is dropped by the leader (src/rollout/pool.ts `decide`).
+      await compareAndSwap(api, name, (current) => {
+        if (!current) return undefined;
+        const t = readTicket(current, `Lease kube-system/${name}`);
+        return t?.request || t?.grant ? ticketBody(current, patchAnnotations(current.metadata?.annotations, encodeTicket({}))) : undefined;
+      });
+      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined));
+    },
+    async stopped(revision) {
+      const failed = readPool(await api.get(slots), source).failed;
+      return failed?.revision === revision ? failed : undefined;
+    },
+  };
+}

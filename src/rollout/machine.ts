@@ -1,0 +1,244 @@
+// One node's side of a fleet rollout as a pure state machine: `step(state, event, ctx)` says what the node
+// is doing next, and the state is persisted (by one writer, src/controllers/rollout) before anything it
+// implies is done. Everything that can disrupt the node — an OSC update, a requested restart, an in-place
+// update, drift repair — is a piece of `Work` that passes the same admission: held back (paused, outside
+// the canary or every maintenance window), then asked of the pool, then applied, then gated on the node's
+// health. What an admitted piece of work disrupts is stored with it when it is admitted and never worked
+// out again, so a retried or resumed apply stays under its admission, its gate and its timeout.
+//
+// The gate belongs to the disruption, not to a checksum: whatever is applied while the node holds its
+// slot (a newer OSC, a fix for a failed one, a file-only change) starts the gate over, and the slot goes
+// back once the node stayed healthy for the settle time after the last of them. A node never keeps a slot
+// it has no reason to keep, and never lets one go while the change it made is unproven.
+//
+// Durations are measured on the boot clock (src/host/boot-clock.ts): an agent restart, even a crash loop,
+// does not start a gate's timeout over, and a wall-clock step does not move it.
+import type { BootClockReading } from "../host/boot-clock.ts";
+import { elapsedBetween } from "../host/boot-clock.ts";
+
+export type WorkKind = "osc" | "restart" | "drift" | "in-place";
+
+/** What a piece of work disrupts: counted units it restarts or stops, and files running processes read. */
+export type Disruption = { units: string[]; paths: string[] };
+
+export type Work = {
+  kind: WorkKind;
+  /**
+   * What the pool admits and stops on: for an OSC change the Secret's revision (osc.yaml and every
+   * overlay), so a change that failed its gate on one node stops on every node whatever its overlays;
+   * for other work a name of its own, so a failed OSC elsewhere never stops a requested restart.
+   */
+  revision: string;
+  /** The OSC this work leaves applied (effective and osc.yaml checksums). */
+  checksum: string;
+  base: string;
+  disruption: Disruption;
+};
+
+export type Phase =
+  /** Asked the pool for a slot. */
+  | "waiting"
+  /** Holds a slot; the work is being applied (an unfinished apply is retried under this admission). */
+  | "applying"
+  /** Applied; the node must stay healthy for the settle time. */
+  | "gating"
+  /** Failed its gate: the failure is being recorded on the pool before anything else happens. */
+  | "failing"
+  /** Going back to the last good OSC (its own gate follows, under the same slot). */
+  | "rolling-back"
+  /** Failed (and, if it rolled back, so did the rollback): the slot stays taken, the pool's rollout of this revision stops here. */
+  | "failed";
+
+export type Current = {
+  work: Work;
+  phase: Phase;
+  /** When the slot was granted, or the last apply under it started: the gate's timeout counts from here. */
+  since?: BootClockReading;
+  /** Since when the node has looked healthy without a break (undefined: not yet, or it broke). */
+  healthySince?: BootClockReading;
+  /** The check that failed last. */
+  check?: string;
+  /** While rolling back: the OSC gone back to. */
+  rollbackTo?: Good;
+};
+
+export type Good = { checksum: string; base: string };
+
+export type NodeRollout = {
+  version: 2;
+  current?: Current;
+  /** The last OSC that passed its gate here: the rollback target. */
+  lastGood?: Good & { at: string };
+  /** An OSC revision that failed its gate here and was rolled back from: not applied here again. */
+  blocked?: { revision: string; checksum: string; check: string };
+};
+
+export const emptyNodeRollout = (): NodeRollout => ({ version: 2 });
+
+/** `pooled`: the Secret has a disruption budget (without one nothing asks for a slot and nothing is gated). */
+export type GatePolicy = { pooled: boolean; settleMs: number; healthTimeoutMs: number; rollback: boolean };
+
+/** Why work is held back before it asks the pool (kured's blockers: one type per reason). */
+export type HoldBack = { reason: "Paused" | "NotSelected" | "OutsideMaintenanceWindow" | "Blocked"; message: string; retryAfterMs: number };
+
+export type Event =
+  /** The controller found this work to do (each reconcile: level-triggered). `holdBack`: a blocker it found. */
+  | { type: "want"; work: Work; holdBack?: HoldBack }
+  /** The pool granted this node a slot for `revision`. */
+  | { type: "granted"; revision: string }
+  /** The slot is gone (its ticket deleted by an operator, or the pool's budget removed): nothing holds the node back any more. */
+  | { type: "slot-lost" }
+  /** An apply under the current admission ended. */
+  | { type: "applied"; complete: boolean; error?: string }
+  /** One look at the node's health. */
+  | { type: "look"; healthy: true }
+  | { type: "look"; healthy: false; check: string }
+  /** The failure is on the pool's record. */
+  | { type: "failure-recorded" };
+
+/** What the controller does next. The state is saved before it. */
+export type Action =
+  | { do: "nothing" }
+  /** Apply the work now, outside any admission (it disrupts nothing). */
+  | { do: "apply-free" }
+  /** Apply under the current admission (`target`: the wanted work, or the last good OSC). */
+  | { do: "apply"; target: "work" | "last-good" }
+  /** Held back; look again after `retryAfterMs` (or on the next event). */
+  | { do: "hold"; reason: string; message: string; retryAfterMs?: number }
+  /** Look at the node's health again in a moment. */
+  | { do: "look" }
+  /** Write the failure on the pool's record (then feed "failure-recorded"). */
+  | { do: "record-failure"; revision: string; check: string }
+  /** The work is proven: the slot goes back. */
+  | { do: "released"; passed: Work };
+
+export type Ctx = { now: BootClockReading; wallIso: string; policy: GatePolicy };
+
+const holding = (p: Phase) => p !== "waiting";
+const union = (a: readonly string[], b: readonly string[]) => [...new Set([...a, ...b])];
+
+/** Whether `work` disrupts anything the budget counts. */
+export const disrupts = (d: Disruption) => d.units.length > 0 || d.paths.length > 0;
+
+/** The next state and what to do, for one event. */
+export function step(s: NodeRollout, e: Event, ctx: Ctx): { state: NodeRollout; action: Action } {
+  switch (e.type) {
+    case "want":
+      return want(s, e.work, e.holdBack, ctx);
+    case "granted":
+      return granted(s, e.revision, ctx);
+    case "slot-lost":
+      return { state: { ...s, current: undefined }, action: { do: "nothing" } };
+    case "applied":
+      return applied(s, e, ctx);
+    case "look":
+      return look(s, e, ctx);
+    case "failure-recorded":
+      return failureRecorded(s, ctx);
+  }
+}
+
+function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: Ctx): { state: NodeRollout; action: Action } {
+  const cur = s.current;
+  if (s.blocked && s.blocked.revision === work.revision) {
+    return { state: s, action: { do: "hold", reason: "Blocked", message: `OSC ${short(work.checksum)} failed its health gate here (${s.blocked.check}) and was rolled back from; a new OSC is applied as usual` } };
+  }
+  if (cur && holding(cur.phase)) {
+    if (cur.phase === "failing") return { state: s, action: { do: "record-failure", revision: cur.work.revision, check: cur.check ?? "" } };
+    if (cur.phase === "rolling-back") return { state: s, action: { do: "apply", target: "last-good" } };
+    if (sameWork(cur.work, work)) {
+      if (cur.phase === "applying") return { state: s, action: { do: "apply", target: "work" } };
+      if (cur.phase === "failed") return { state: s, action: { do: "hold", reason: "HealthGateFailed", message: `OSC ${short(work.checksum)} failed its health gate here (${cur.check ?? "?"}); the node keeps its disruption slot until it is healthy again or a new OSC comes` } };
+      return { state: s, action: { do: "look" } };
+    }
+    // Paused (or the like) while holding: nothing new is applied, the gate of what was goes on.
+    if (holdBack) return { state: s, action: { do: "hold", reason: holdBack.reason, message: holdBack.message, retryAfterMs: holdBack.retryAfterMs } };
+    // Still holding the slot: the new work is applied under it (disruptive or not), and the gate starts over
+    // for everything it has disrupted since it was admitted.
+    const chained: Current = {
+      work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) } },
+      phase: "applying",
+      since: ctx.now,
+    };
+    return { state: { ...s, current: chained }, action: { do: "apply", target: "work" } };
+  }
+  if (holdBack) return { state: { ...s, current: undefined }, action: { do: "hold", reason: holdBack.reason, message: holdBack.message, retryAfterMs: holdBack.retryAfterMs } };
+  if (!disruptsAny(work) || !ctx.policy.pooled) return { state: { ...s, current: undefined }, action: { do: "apply-free" } };
+  if (cur?.phase === "waiting" && cur.work.revision === work.revision) return { state: { ...s, current: { ...cur, work } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
+  return { state: { ...s, current: { work, phase: "waiting" } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
+}
+
+const disruptsAny = (w: Work) => disrupts(w.disruption);
+
+function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollout; action: Action } {
+  const cur = s.current;
+  if (!cur || cur.phase !== "waiting" || cur.work.revision !== revision) return { state: s, action: { do: "nothing" } };
+  return { state: { ...s, current: { ...cur, phase: "applying", since: ctx.now } }, action: { do: "apply", target: "work" } };
+}
+
+function applied(s: NodeRollout, e: { complete: boolean; error?: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
+  const cur = s.current;
+  if (!cur || (cur.phase !== "applying" && cur.phase !== "rolling-back")) return { state: s, action: { do: "nothing" } };
+  if (!e.complete) {
+    // Retried under the same admission; the gate's timeout runs on, so an apply that never completes fails it.
+    const next: Current = { ...cur, check: `apply: ${e.error ?? "incomplete"}` };
+    return timedOut(next, ctx) ? fail(s, next) : { state: { ...s, current: next }, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
+  }
+  // A rollback's gate is the gate of the OSC gone back to (`rollbackTo` says so).
+  return { state: { ...s, current: { ...cur, phase: "gating", healthySince: undefined } }, action: { do: "look" } };
+}
+
+function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
+  const cur = s.current;
+  if (!cur || cur.phase === "waiting" || cur.phase === "failing") return { state: s, action: { do: "nothing" } };
+  if (cur.phase === "applying" || cur.phase === "rolling-back") {
+    return timedOut(cur, ctx) ? fail(s, cur) : { state: s, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
+  }
+  if (e.healthy) {
+    const since = cur.healthySince ?? ctx.now;
+    // A failed node that recovers by itself gives its slot back too; the pool's record of the failure stays.
+    if (elapsedBetween(since, ctx.now) >= ctx.policy.settleMs) return pass(s, cur, ctx);
+    return { state: { ...s, current: { ...cur, healthySince: since } }, action: { do: "look" } };
+  }
+  const next: Current = { ...cur, healthySince: undefined, check: cur.phase === "failed" ? cur.check : e.check };
+  if (cur.phase === "failed") return { state: { ...s, current: next }, action: { do: "look" } };
+  return timedOut(next, ctx) ? fail(s, next) : { state: { ...s, current: next }, action: { do: "look" } };
+}
+
+const timedOut = (cur: Current, ctx: Ctx) => cur.since !== undefined && elapsedBetween(cur.since, ctx.now) >= ctx.policy.healthTimeoutMs;
+
+function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
+  if (cur.rollbackTo || cur.phase === "failed") {
+    // Healthy again on its last good OSC (or by itself): the slot goes back; the failed revision stays
+    // blocked here and on the pool's record.
+    const back = cur.rollbackTo ?? { checksum: cur.work.checksum, base: cur.work.base };
+    return {
+      state: { ...s, current: undefined, blocked: { revision: cur.work.revision, checksum: cur.work.checksum, check: cur.check ?? "?" } },
+      action: { do: "released", passed: { ...cur.work, ...back } },
+    };
+  }
+  const lastGood = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { checksum: cur.work.checksum, base: cur.work.base, at: ctx.wallIso } : s.lastGood;
+  return { state: { ...s, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work } };
+}
+
+function fail(s: NodeRollout, cur: Current): { state: NodeRollout; action: Action } {
+  const check = cur.check ?? "not healthy within the health timeout";
+  if (cur.rollbackTo) return { state: { ...s, current: { ...cur, phase: "failed", check: `${check} (after rolling back)` } }, action: { do: "look" } };
+  // Only an OSC change is the pool's to stop: a requested restart or drift repair that fails here is this node's.
+  if (cur.work.kind === "osc" || cur.work.kind === "in-place") return { state: { ...s, current: { ...cur, phase: "failing", check } }, action: { do: "record-failure", revision: cur.work.revision, check } };
+  return { state: { ...s, current: { ...cur, phase: "failed", check } }, action: { do: "look" } };
+}
+
+function failureRecorded(s: NodeRollout, ctx: Ctx): { state: NodeRollout; action: Action } {
+  const cur = s.current;
+  if (!cur || cur.phase !== "failing") return { state: s, action: { do: "nothing" } };
+  const back = s.lastGood;
+  if (ctx.policy.rollback && back && back.checksum !== cur.work.checksum) {
+    return { state: { ...s, current: { ...cur, phase: "rolling-back", since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } } }, action: { do: "apply", target: "last-good" } };
+  }
+  return { state: { ...s, current: { ...cur, phase: "failed" } }, action: { do: "look" } };
+}
+
+const sameWork = (a: Work, b: Work) => a.revision === b.revision && a.checksum === b.checksum && a.kind === b.kind;
+const short = (c: string) => c.slice(0, 12);
+const waitingMessage = (w: Work) => `${w.kind === "osc" ? `OSC ${short(w.checksum)}` : w.kind} restarts ${[...w.disruption.units, ...w.disruption.paths].join(", ")} and waits for a disruption slot`;

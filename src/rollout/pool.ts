@@ -1,0 +1,161 @@
+// The pool's side of a fleet rollout, as data and pure decisions (the Lease I/O is src/kube/pool-leases.ts,
+// the protocol in docs/rollout-protocol.md).
+//
+// Three kinds of Lease in the Secret's namespace carry it:
+//   - the record `<secret>-slots`: who is admitted to disrupt (the holders), and the revision that failed
+//     its health gate. Every admission is a compare-and-swap on this one object, so "fewer than k holders"
+//     is checked and changed atomically whatever k each writer believes in;
+//   - one ticket per node, `<secret>-node-<node>` (owned by the Node: it goes when the Node goes): what the
+//     node asks for, and the grant the leader writes back;
+//   - `<secret>-leader`: the agent that grants, elected among the agents that have something to ask for.
+// A waiting node reads nothing of the pool: it watches its own ticket (and the leader's Lease, to stand in
+// when the leader dies), so what a rollout costs the API server per node does not grow with the pool.
+import * as v from "valibot";
+import type { Budget } from "../api/rollout.ts";
+import type { Result } from "../api/result.ts";
+import { compareText } from "../api/text-order.ts";
+
+export const ticketPrefix = "node";
+export const poolLeaseLabel = "rollout.trellis.dev/pool";
+export const ticketLabel = "rollout.trellis.dev/ticket";
+export const holdersAnnotation = "rollout.trellis.dev/holders";
+export const failedAnnotation = "rollout.trellis.dev/failed";
+export const poolSizeAnnotation = "rollout.trellis.dev/pool-size";
+export const requestAnnotation = "rollout.trellis.dev/request";
+export const grantAnnotation = "rollout.trellis.dev/grant";
+
+const HolderSchema = v.object({ node: v.string(), revision: v.string(), since: v.string() });
+const FailureSchema = v.object({ revision: v.string(), node: v.string(), failure: v.string(), at: v.string() });
+const RequestSchema = v.object({ revision: v.string(), reason: v.string(), since: v.string() });
+/** `stopped`: not a grant but the leader's word that `revision` failed its gate elsewhere and is not admitted. */
+const GrantSchema = v.object({ revision: v.string(), at: v.string(), stopped: v.optional(v.string()) });
+
+export type Holder = v.InferOutput<typeof HolderSchema>;
+export type Failure = v.InferOutput<typeof FailureSchema>;
+export type Request = v.InferOutput<typeof RequestSchema>;
+export type Grant = v.InferOutput<typeof GrantSchema>;
+
+/** The `<secret>-slots` record. */
+export type PoolRecord = { holders: Holder[]; failed?: Failure; poolSize?: number };
+/** One node's ticket. */
+export type Ticket = { node: string; request?: Request; grant?: Grant };
+
+export const slotsLeaseName = (secret: string) => `${secret}-slots`;
+export const leaderLeaseName = (secret: string) => `${secret}-leader`;
+
+/**
+ * A ticket's name: `<secret>-node-<node>`, or with a digest of the node's name where that would be longer
+ * than a Lease name may be (253); the ticket's holderIdentity names the node either way.
+ */
+export function ticketName(secret: string, node: string, digest: (s: string) => string): string {
+  const plain = `${secret}-${ticketPrefix}-${node}`;
+  return plain.length <= 253 ? plain : `${secret}-${ticketPrefix}-${digest(node).slice(0, 32)}`;
+}
+
+function parseJson<T>(text: string | undefined, schema: v.GenericSchema<unknown, T>, what: string): Result<T | undefined> {
+  if (text === undefined || text === "") return { ok: true, value: undefined };
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    return { ok: false, errors: [`${what}: not JSON: ${err instanceof Error ? err.message : String(err)}`] };
+  }
+  const r = v.safeParse(schema, raw);
+  return r.success ? { ok: true, value: r.output } : { ok: false, errors: [`${what}: ${r.issues.map((i) => i.message).join("; ")}`] };
+}
+
+/**
+ * The record as its annotations carry it. A record that cannot be read is an error, never an empty pool:
+ * reading it as empty would admit k more nodes while k are disrupted.
+ */
+export function decodePool(annotations: Readonly<Record<string, string>> | undefined, source: string): Result<PoolRecord> {
+  const a = annotations ?? {};
+  const holders = parseJson(a[holdersAnnotation], v.array(HolderSchema), `${source}: annotation ${holdersAnnotation}`);
+  const failed = parseJson(a[failedAnnotation], FailureSchema, `${source}: annotation ${failedAnnotation}`);
+  const sizeText = a[poolSizeAnnotation];
+  const size = sizeText === undefined ? undefined : Number(sizeText);
+  const errors = [...(holders.ok ? [] : holders.errors), ...(failed.ok ? [] : failed.errors)];
+  if (size !== undefined && !(Number.isInteger(size) && size >= 0)) errors.push(`${source}: annotation ${poolSizeAnnotation}: "${sizeText}" is not a number of nodes`);
+  if (!holders.ok || !failed.ok || errors.length > 0) return { ok: false, errors };
+  return { ok: true, value: { holders: holders.value ?? [], ...(failed.value ? { failed: failed.value } : {}), ...(size !== undefined ? { poolSize: size } : {}) } };
+}
+
+/** The annotations that carry `record` (null: remove the key). */
+export function encodePool(record: PoolRecord): Record<string, string | null> {
+  return {
+    [holdersAnnotation]: JSON.stringify(record.holders),
+    [failedAnnotation]: record.failed ? JSON.stringify(record.failed) : null,
+    [poolSizeAnnotation]: record.poolSize === undefined ? null : String(record.poolSize),
+  };
+}
+
+export function decodeTicket(node: string, annotations: Readonly<Record<string, string>> | undefined, source: string): Result<Ticket> {
+  const a = annotations ?? {};
+  const request = parseJson(a[requestAnnotation], RequestSchema, `${source}: annotation ${requestAnnotation}`);
+  const grant = parseJson(a[grantAnnotation], GrantSchema, `${source}: annotation ${grantAnnotation}`);
+  if (!request.ok || !grant.ok) return { ok: false, errors: [...(request.ok ? [] : request.errors), ...(grant.ok ? [] : grant.errors)] };
+  return { ok: true, value: { node, ...(request.value ? { request: request.value } : {}), ...(grant.value ? { grant: grant.value } : {}) } };
+}
+
+export function encodeTicket(t: Omit<Ticket, "node">): Record<string, string | null> {
+  return {
+    [requestAnnotation]: t.request ? JSON.stringify(t.request) : null,
+    [grantAnnotation]: t.grant ? JSON.stringify(t.grant) : null,
+  };
+}
+
+/**
+ * How many nodes of a pool of `poolSize` may be disrupted at once: a count as given but never more than the
+ * pool (an autoscaled pool below its count must still update), a percentage rounded down; at least 1.
+ */
+export function budgetSlots(budget: Budget, poolSize: number): number {
+  const size = Math.max(1, poolSize);
+  return "count" in budget ? Math.max(1, Math.min(budget.count, size)) : Math.max(1, Math.floor((budget.percent * size) / 100));
+}
+
+/**
+ * The leader's decision on the record as it is now: whom to admit next, and which holders to drop because
+ * their ticket is gone (the garbage collector deleted it with the Node, or an operator freed the slot) or
+ * asks for nothing (the node gave its slot back and stopped before it said so on the record). A holder
+ * that stopped answering is never dropped otherwise: a node that died of its change keeps its slot (the
+ * pool stops at k such nodes), however Ready its Node still looks and whatever its Lease's clock says.
+ */
+export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, k: number): { admit: Ticket[]; drop: string[] } {
+  const drop = record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
+  const holding = new Set(record.holders.map((h) => h.node));
+  const free = k - (record.holders.length - drop.length);
+  if (free <= 0) return { admit: [], drop };
+  const waiting = [...tickets.values()]
+    .filter((t) => t.request && !holding.has(t.node) && t.request.revision !== record.failed?.revision)
+    .sort((a, b) => compareText(a.request?.since ?? "", b.request?.since ?? "") || compareText(a.node, b.node));
+  return { admit: waiting.slice(0, free), drop };
+}
+
+/** Holders whose ticket does not show their grant (the leader stopped between the two writes): granted again. */
+export function grantsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
+  return record.holders.filter((h) => {
+    const t = tickets.get(h.node);
+    return t?.request !== undefined && t.request.revision === h.revision && t.grant?.revision !== h.revision;
+  });
+}
+
+/** The record with `node` admitted for `revision` (or its holding moved on to `revision`). */
+export function withHolder(record: PoolRecord, node: string, revision: string, at: string): PoolRecord {
+  const others = record.holders.filter((h) => h.node !== node);
+  const prior = record.holders.find((h) => h.node === node);
+  return { ...record, holders: [...others, { node, revision, since: prior?.since ?? at }] };
+}
+
+export function withoutHolders(record: PoolRecord, nodes: readonly string[]): PoolRecord {
+  return { ...record, holders: record.holders.filter((h) => !nodes.includes(h.node)) };
+}
+
+/** Waiting tickets for the revision that failed, not yet told so. */
+export function stopsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Ticket[] {
+  const failed = record.failed;
+  if (!failed) return [];
+  return [...tickets.values()].filter((t) => t.request?.revision === failed.revision && t.grant?.revision !== failed.revision && !record.holders.some((h) => h.node === t.node));
+}
+
+/** Whether `ticket` may go on with what it asked for (granted, and not told that it failed elsewhere). */
+export const admitted = (t: Ticket | undefined): boolean => t?.request !== undefined && t.grant?.revision === t.request.revision && t.grant.stopped === undefined;

@@ -1,0 +1,140 @@
+// Integration test (src/ in-process against a real kube-apiserver and kube-controller-manager): the pool
+// protocol of src/kube/pool-leases.ts and src/kube/pool-leader.ts as several agents run it. Every version of
+// the record is read from a watch: never more than k holders; waiting nodes admitted oldest first as
+// holders give their slots back; the leader's Lease taken over when its holder dies (judged on the
+// waiter's own clock); a holder that stops answering keeps its slot however long, until the garbage
+// collector deletes its ticket with its Node; a revision that failed is admitted nowhere and its waiters
+// are told; a waiting node costs the API server nothing while it waits (no list, no poll).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { CoreV1Api, type V1Lease, Watch } from "@kubernetes/client-node";
+import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { leaseApi } from "../../src/kube/lease-api.ts";
+import { type PoolLeader, startPoolLeader } from "../../src/kube/pool-leader.ts";
+import { type PoolMember, poolMember, readTicket } from "../../src/kube/pool-leases.ts";
+import { createLogger } from "../../src/log.ts";
+import { admitted, decodePool, slotsLeaseName, type Ticket } from "../../src/rollout/pool.ts";
+import type { Budget } from "../../src/api/rollout.ts";
+import { monotonicMs } from "../../src/time.ts";
+import { registerNode } from "../harness/agent.ts";
+import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
+
+const namespace = "kube-system";
+const log = createLogger({ level: (process.env.TEST_LOG as "info" | undefined) ?? "error" });
+
+let cluster: Cluster;
+let core: CoreV1Api;
+let kube: Kube;
+
+beforeAll(async () => {
+  cluster = await startCluster();
+  core = cluster.admin().makeApiClient(CoreV1Api);
+  kube = kubeFromConnection({ kind: "kubeconfig", path: cluster.adminKubeconfig });
+}, 180_000);
+
+afterAll(async () => {
+  await cluster?.stop();
+});
+
+type Agent = { name: string; member: PoolMember; leader: PoolLeader; ticket(): Promise<Ticket | undefined>; stop(): Promise<void> };
+
+let seq = 0;
+async function pool(budget: Budget, nodes: number, leaseDurationMs = 3_000) {
+  const name = `pool-${++seq}`;
+  const secret = await core.createNamespacedSecret({ namespace, body: { metadata: { name }, data: {} } });
+  const uid = secret.metadata?.uid as string;
+  const api = leaseApi(kube, namespace, log);
+  // Every version of the record, from a watch of the test's own.
+  const versions: { holders: string[]; failed?: string }[] = [];
+  const watch = await new Watch(cluster.admin()).watch(`/apis/coordination.k8s.io/v1/namespaces/${namespace}/leases`, { fieldSelector: `metadata.name=${slotsLeaseName(name)}` }, (_t: string, l: V1Lease) => {
+    const r = decodePool(l.metadata?.annotations, "record");
+    if (r.ok) versions.push({ holders: r.value.holders.map((h) => h.node).sort(), ...(r.value.failed ? { failed: r.value.failed.revision } : {}) });
+  }, () => {});
+  const agents: Agent[] = [];
+  for (let i = 0; i < nodes; i++) {
+    const node = `${name}-n${i}`;
+    await registerNode(core, node);
+    const nodeUid = (await core.readNode({ name: node })).metadata?.uid as string;
+    const ref = { secret: { name, uid }, node: { name: node, uid: nodeUid } };
+    const member = poolMember(api, ref);
+    const leader = startPoolLeader({ api, ref, log, budget: () => budget, clock: monotonicMs, wallNow: () => new Date(), leaseDurationMs, renewEveryMs: leaseDurationMs / 3 });
+    const ticket = async () => {
+      const l = await api.get(member.ticketName);
+      return l ? readTicket(l, member.ticketName) : undefined;
+    };
+    agents.push({ name: node, member, leader, ticket, stop: () => leader.stop() });
+  }
+  const maxHolders = () => Math.max(0, ...versions.map((v) => v.holders.length));
+  return { name, uid, agents, versions, maxHolders, stop: async () => { watch.abort(); for (const a of agents) await a.stop(); } };
+}
+
+const ask = async (a: Agent, revision: string, since: string) => {
+  await a.member.ensureTicket();
+  await a.member.request({ revision, reason: "osc", since });
+  a.leader.campaign(true);
+};
+const granted = async (a: Agent) => admitted(await a.ticket());
+
+describe("the pool protocol on real Leases", () => {
+  test("k = 2 of 5: never more than 2 holders; all admitted oldest first as slots come back", async () => {
+    const p = await pool({ text: "2", count: 2 }, 5);
+    for (const [i, a] of p.agents.entries()) await ask(a, "r1", `2026-01-01T00:00:0${i}Z`);
+    const order: string[] = [];
+    while (order.length < 5) {
+      const now = await waitFor("two holders", async () => {
+        const g: Agent[] = [];
+        for (const a of p.agents) if (!order.includes(a.name) && (await granted(a))) g.push(a);
+        return g.length > 0 ? g : undefined;
+      }, 30_000, 100);
+      for (const a of now) {
+        order.push(a.name);
+        a.leader.campaign(false);
+        await a.member.release();
+      }
+    }
+    expect(order).toEqual(p.agents.map((a) => a.name));
+    expect(p.maxHolders()).toBe(2);
+    await p.stop();
+  }, 120_000);
+
+  test("a holder that stops answering keeps its slot until its Node is deleted; then the next is admitted", async () => {
+    const p = await pool({ text: "1", count: 1 }, 3);
+    const [dead, b, c] = p.agents as [Agent, Agent, Agent];
+    await ask(dead, "r1", "2026-01-01T00:00:00Z");
+    await waitFor("dead admitted", async () => ((await granted(dead)) ? true : undefined), 30_000, 100);
+    await dead.stop(); // its agent is gone: no renewals, no release, its leadership lapses
+    await ask(b, "r1", "2026-01-01T00:00:01Z");
+    await ask(c, "r1", "2026-01-01T00:00:02Z");
+    // Well past the leader's lease duration: a new leader runs, and still admits nobody.
+    await waitFor("a new leader", async () => (b.leader.leading() || c.leader.leading() ? true : undefined), 30_000, 100);
+    const quiet = Date.now();
+    while (Date.now() - quiet < 8_000) {
+      expect(await granted(b)).toBe(false);
+      expect(await granted(c)).toBe(false);
+      await Bun.sleep(500);
+    }
+    await core.deleteNode({ name: dead.name });
+    await waitFor("b admitted once the dead holder's Node is gone", async () => ((await granted(b)) ? true : undefined), 60_000, 200);
+    expect(await granted(c)).toBe(false);
+    expect(p.maxHolders()).toBe(1);
+    await p.stop();
+  }, 120_000);
+
+  test("a failed revision is admitted nowhere and its waiters are told; another revision goes on", async () => {
+    const p = await pool({ text: "1", count: 1 }, 3);
+    const [a, b, c] = p.agents as [Agent, Agent, Agent];
+    await ask(a, "bad", "2026-01-01T00:00:00Z");
+    await waitFor("a admitted", async () => ((await granted(a)) ? true : undefined), 30_000, 100);
+    await ask(b, "bad", "2026-01-01T00:00:01Z");
+    await ask(c, "good", "2026-01-01T00:00:02Z");
+    await a.member.recordFailure({ revision: "bad", node: a.name, failure: "Node Ready: False", at: new Date().toISOString() });
+    a.leader.campaign(false);
+    await a.member.release(); // rolled back and healthy again: the slot goes back, the record stays
+    await waitFor("c admitted", async () => ((await granted(c)) ? true : undefined), 30_000, 100);
+    const tb = await waitFor("b told", async () => ((await b.ticket())?.grant?.stopped ? b.ticket() : undefined), 30_000, 100);
+    expect(tb?.grant?.stopped).toContain("Node Ready: False");
+    expect(admitted(tb)).toBe(false);
+    expect(await b.member.stopped("bad")).toMatchObject({ node: a.name });
+    await p.stop();
+  }, 120_000);
+});

@@ -1,0 +1,272 @@
+// The per-node rollout state machine (src/rollout/machine.ts), transition by transition, and the pool's
+// pure decisions (src/rollout/pool.ts). Each case names the defect of issue 19 it guards against where
+// there is one.
+import { describe, expect, test } from "bun:test";
+import type { BootClockReading } from "../../src/host/boot-clock.ts";
+import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
+import { admitted, budgetSlots, decide, decodePool, encodePool, grantsOwed, type PoolRecord, stopsOwed, type Ticket, withHolder } from "../../src/rollout/pool.ts";
+
+const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true };
+const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
+const ctx = (s: number, p = policy): Ctx => ({ now: at(s), wallIso: new Date(at(s).wallMs).toISOString(), policy: p });
+const work = (o: Partial<Work> & { revision: string }): Work => ({ kind: "osc", checksum: `c-${o.revision}`, base: `b-${o.revision}`, disruption: { units: ["kubelet.service"], paths: [] }, ...o });
+const quiet = (revision: string): Work => work({ revision, disruption: { units: [], paths: [] } });
+
+/** Runs events in order (each at its second), returning every state and action. */
+function run(start: NodeRollout, events: [number, Event][], p = policy): { state: NodeRollout; actions: Action[] } {
+  let state = start;
+  const actions: Action[] = [];
+  for (const [s, e] of events) {
+    const r = step(state, e, ctx(s, p));
+    state = r.state;
+    actions.push(r.action);
+  }
+  return { state, actions };
+}
+
+describe("admission", () => {
+  test("a change that disrupts nothing is applied at once, outside any admission, and is not the last good OSC", () => {
+    const r = step(emptyNodeRollout(), { type: "want", work: quiet("r1") }, ctx(0));
+    expect(r.action).toEqual({ do: "apply-free" });
+    expect(r.state.lastGood).toBeUndefined();
+  });
+
+  test("a disruptive change waits for a slot; the grant starts its apply and its timeout", () => {
+    const w = work({ revision: "r1" });
+    const a = step(emptyNodeRollout(), { type: "want", work: w }, ctx(0));
+    expect(a.action).toMatchObject({ do: "hold", reason: "WaitingForSlot" });
+    expect(a.state.current).toEqual({ work: w, phase: "waiting" });
+    const b = step(a.state, { type: "granted", revision: "r1" }, ctx(5));
+    expect(b.action).toEqual({ do: "apply", target: "work" });
+    expect(b.state.current).toMatchObject({ phase: "applying", since: at(5) });
+  });
+
+  test("a blocker (pause, canary, window) holds the work back before it asks the pool, and withdraws a waiting request", () => {
+    const holdBack = { reason: "Paused" as const, message: "paused", retryAfterMs: 60_000 };
+    const waiting = step(emptyNodeRollout(), { type: "want", work: work({ revision: "r1" }) }, ctx(0)).state;
+    const r = step(waiting, { type: "want", work: work({ revision: "r1" }), holdBack }, ctx(1));
+    expect(r.action).toMatchObject({ do: "hold", reason: "Paused" });
+    expect(r.state.current).toBeUndefined();
+  });
+
+  test("a paused node applies nothing new, not even what disrupts nothing; while it holds a slot its gate goes on", () => {
+    const holdBack = { reason: "Paused" as const, message: "paused", retryAfterMs: 60_000 };
+    expect(step(emptyNodeRollout(), { type: "want", work: quiet("r1"), holdBack }, ctx(0)).action).toMatchObject({ do: "hold", reason: "Paused" });
+    const gating: NodeRollout = { version: 2, current: { work: work({ revision: "r1" }), phase: "gating", since: at(0) } };
+    const r = step(gating, { type: "want", work: work({ revision: "r2" }), holdBack }, ctx(1));
+    expect(r.action).toMatchObject({ do: "hold", reason: "Paused" });
+    expect(r.state).toEqual(gating);
+  });
+
+  test("without a budget a disruptive change is applied at once (after its blockers), with no slot and no gate", () => {
+    const unpooled = { ...policy, pooled: false };
+    expect(step(emptyNodeRollout(), { type: "want", work: work({ revision: "r1" }) }, ctx(0, unpooled))).toEqual({ state: emptyNodeRollout(), action: { do: "apply-free" } });
+  });
+
+  test("a grant for another revision than the one waited for changes nothing", () => {
+    const waiting = step(emptyNodeRollout(), { type: "want", work: work({ revision: "r2" }) }, ctx(0)).state;
+    expect(step(waiting, { type: "granted", revision: "r1" }, ctx(1))).toEqual({ state: waiting, action: { do: "nothing" } });
+  });
+});
+
+describe("the gate (issue 19 items 2, 3, 8)", () => {
+  const admittedState = () => run(emptyNodeRollout(), [[0, { type: "want", work: work({ revision: "r1" }) }], [1, { type: "granted", revision: "r1" }]]).state;
+
+  test("healthy for the settle time after a complete apply: the slot goes back and the OSC is the last good one", () => {
+    const r = run(admittedState(), [
+      [2, { type: "applied", complete: true }],
+      [3, { type: "look", healthy: true }],
+      [62, { type: "look", healthy: true }],
+      [63, { type: "look", healthy: true }],
+    ]);
+    expect(r.actions.at(-1)).toMatchObject({ do: "released" });
+    expect(r.state.current).toBeUndefined();
+    expect(r.state.lastGood).toMatchObject({ checksum: "c-r1", base: "b-r1" });
+  });
+
+  test("an unhealthy look starts the settle time over", () => {
+    const r = run(admittedState(), [
+      [2, { type: "applied", complete: true }],
+      [3, { type: "look", healthy: true }],
+      [50, { type: "look", healthy: false, check: "Node Ready: False" }],
+      [70, { type: "look", healthy: true }],
+      [100, { type: "look", healthy: true }],
+    ]);
+    expect(r.actions.at(-1)).toEqual({ do: "look" });
+    expect(r.state.current?.healthySince).toEqual(at(70));
+  });
+
+  test("item 2a: an apply that never completes fails its gate at the health timeout (the timeout counts from the grant)", () => {
+    const r = run(admittedState(), [
+      [10, { type: "applied", complete: false, error: "containerd.service: failed" }],
+      [200, { type: "applied", complete: false, error: "containerd.service: failed" }],
+      [301, { type: "applied", complete: false, error: "containerd.service: failed" }],
+    ]);
+    expect(r.actions.map((a) => a.do)).toEqual(["apply", "apply", "record-failure"]);
+    expect(r.state.current).toMatchObject({ phase: "failing", check: "apply: containerd.service: failed" });
+  });
+
+  test("item 2b: an interrupted apply is retried under its admission and gated; it is the last good OSC only after the gate", () => {
+    const s = admittedState();
+    // The agent restarts: it reads the same state and the controller wants the same work again.
+    const again = step(s, { type: "want", work: work({ revision: "r1", disruption: { units: [], paths: [] } }) }, ctx(20));
+    expect(again.action).toEqual({ do: "apply", target: "work" });
+    expect(again.state.current?.work.disruption.units).toEqual(["kubelet.service"]);
+    const done = step(again.state, { type: "applied", complete: true }, ctx(21));
+    expect(done.state.current?.phase).toBe("gating");
+    expect(done.state.lastGood).toBeUndefined();
+  });
+
+  test("item 8: a crash loop does not start the gate's timeout over (boot clock)", () => {
+    const s = run(admittedState(), [[2, { type: "applied", complete: true }]]).state;
+    const r = run(s, [
+      [100, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
+      [302, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
+    ]);
+    expect(r.actions.at(-1)).toMatchObject({ do: "record-failure", revision: "r1" });
+  });
+
+  test("item 3: a non-disruptive OSC pushed during the settle time is applied under the slot, and the gate then passes", () => {
+    const s = run(admittedState(), [[2, { type: "applied", complete: true }], [3, { type: "look", healthy: true }]]).state;
+    const r = run(s, [
+      [30, { type: "want", work: quiet("r2") }],
+      [31, { type: "applied", complete: true }],
+      [32, { type: "look", healthy: true }],
+      [92, { type: "look", healthy: true }],
+    ]);
+    expect(r.actions.map((a) => a.do)).toEqual(["apply", "look", "look", "released"]);
+    expect(r.state.current).toBeUndefined();
+    expect(r.state.lastGood?.checksum).toBe("c-r2");
+  });
+
+  test("item 3: the fix for a failed OSC that touches only a file is applied, and the slot goes back once healthy", () => {
+    const failed: NodeRollout = { version: 2, current: { work: work({ revision: "r1" }), phase: "failed", since: at(0), check: "probe" } };
+    const r = run(failed, [
+      [400, { type: "want", work: quiet("r2") }],
+      [401, { type: "applied", complete: true }],
+      [402, { type: "look", healthy: true }],
+      [462, { type: "look", healthy: true }],
+    ]);
+    expect(r.actions.at(-1)).toMatchObject({ do: "released" });
+    expect(r.state.current).toBeUndefined();
+  });
+
+  test("a disruptive change pushed during the gate is applied under the same slot, its units added to the gate", () => {
+    const s = run(admittedState(), [[2, { type: "applied", complete: true }]]).state;
+    const r = step(s, { type: "want", work: work({ revision: "r2", disruption: { units: ["containerd.service"], paths: [] } }) }, ctx(10));
+    expect(r.action).toEqual({ do: "apply", target: "work" });
+    expect(r.state.current?.work.disruption.units).toEqual(["kubelet.service", "containerd.service"]);
+    expect(r.state.current?.since).toEqual(at(10));
+  });
+});
+
+describe("failure and rollback", () => {
+  const gating = (): NodeRollout => ({ version: 2, lastGood: { checksum: "c-r0", base: "b-r0", at: "t" }, current: { work: work({ revision: "r1" }), phase: "gating", since: at(0) } });
+
+  test("failing: the failure is recorded on the pool first, then the node rolls back under its slot, and that gate passing blocks the change here", () => {
+    const r = run(gating(), [
+      [301, { type: "look", healthy: false, check: "Node Ready: False" }],
+      [302, { type: "failure-recorded" }],
+      [310, { type: "applied", complete: true }],
+      [311, { type: "look", healthy: true }],
+      [371, { type: "look", healthy: true }],
+    ]);
+    expect(r.actions.map((a) => a.do)).toEqual(["record-failure", "apply", "look", "look", "released"]);
+    expect(r.actions[1]).toEqual({ do: "apply", target: "last-good" });
+    expect(r.state.blocked).toEqual({ revision: "r1", checksum: "c-r1", check: "Node Ready: False" });
+    expect(r.state.lastGood?.checksum).toBe("c-r0");
+    expect(step(r.state, { type: "want", work: work({ revision: "r1" }) }, ctx(400)).action).toMatchObject({ do: "hold", reason: "Blocked" });
+  });
+
+  test("item 8: while the failure is not recorded, nothing else happens (the slot is kept, the record is retried)", () => {
+    const failing = step(gating(), { type: "look", healthy: false, check: "x" }, ctx(301)).state;
+    expect(step(failing, { type: "want", work: work({ revision: "r2" }) }, ctx(302)).action).toEqual({ do: "record-failure", revision: "r1", check: "x" });
+  });
+
+  test("without rollback the node keeps its slot until it is healthy again on its own", () => {
+    const noRollback = { ...policy, rollback: false };
+    const r = run(gating(), [
+      [301, { type: "look", healthy: false, check: "x" }],
+      [302, { type: "failure-recorded" }],
+      [303, { type: "want", work: work({ revision: "r1" }) }],
+      [400, { type: "look", healthy: true }],
+      [460, { type: "look", healthy: true }],
+    ], noRollback);
+    expect(r.actions.map((a) => a.do)).toEqual(["record-failure", "look", "hold", "look", "released"]);
+    expect(r.state.blocked?.revision).toBe("r1");
+  });
+
+  test("a requested restart that fails its gate is not the pool's to stop: no failure record", () => {
+    const s: NodeRollout = { version: 2, current: { work: work({ kind: "restart", revision: "restart/x" }), phase: "gating", since: at(0) } };
+    const r = step(s, { type: "look", healthy: false, check: "x" }, ctx(301));
+    expect(r.action).toEqual({ do: "look" });
+    expect(r.state.current?.phase).toBe("failed");
+  });
+
+  test("a failed rollback ends failed, the slot kept", () => {
+    const r = run(gating(), [
+      [301, { type: "look", healthy: false, check: "x" }],
+      [302, { type: "failure-recorded" }],
+      [310, { type: "applied", complete: true }],
+      [700, { type: "look", healthy: false, check: "y" }],
+    ]);
+    expect(r.state.current).toMatchObject({ phase: "failed", check: "y (after rolling back)" });
+  });
+
+  test("a slot freed by an operator ends the work", () => {
+    expect(step(gating(), { type: "slot-lost" }, ctx(1)).state.current).toBeUndefined();
+  });
+});
+
+describe("the pool's decisions", () => {
+  const t = (node: string, revision?: string, since = "2026-01-01T00:00:00Z", grant?: string): Ticket => ({ node, ...(revision ? { request: { revision, reason: "osc", since } } : {}), ...(grant ? { grant: { revision: grant, at: since } } : {}) });
+  const tickets = (...ts: Ticket[]) => new Map(ts.map((x) => [x.node, x]));
+
+  test("admits the oldest requests while fewer than k hold", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }] };
+    const d = decide(rec, tickets(t("a", "r1"), t("b", "r1", "2026-01-01T00:00:02Z"), t("c", "r1", "2026-01-01T00:00:01Z"), t("d")), 2);
+    expect(d).toEqual({ admit: [t("c", "r1", "2026-01-01T00:00:01Z")], drop: [] });
+  });
+
+  test("item 5: holders beyond k (k lowered, pool shrunk) admit nobody", () => {
+    const rec: PoolRecord = { holders: ["a", "b", "c"].map((node) => ({ node, revision: "r1", since: "t" })) };
+    expect(decide(rec, tickets(t("a", "r1"), t("b", "r1"), t("c", "r1"), t("d", "r1")), 2).admit).toEqual([]);
+  });
+
+  test("item 1: a holder is dropped only when its ticket is gone (Node deleted) or asks for nothing, never for looking dead", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }, { node: "b", revision: "r1", since: "t" }] };
+    expect(decide(rec, tickets(t("a", "r1"), t("b")), 1).drop).toEqual(["b"]);
+    expect(decide(rec, tickets(t("a", "r1"), t("c", "r1")), 2)).toEqual({ admit: [t("c", "r1")], drop: ["b"] });
+  });
+
+  test("item 4: a revision that failed is admitted nowhere, whatever a node's overlays; others are told", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }], failed: { revision: "r1", node: "a", failure: "x", at: "t" } };
+    const ts = tickets(t("a", "r1"), t("b", "r1"), t("c", "r2"));
+    expect(decide(rec, ts, 3).admit.map((x) => x.node)).toEqual(["c"]);
+    expect(stopsOwed(rec, ts).map((x) => x.node)).toEqual(["b"]);
+  });
+
+  test("a grant lost between the record and the ticket is owed again", () => {
+    const rec = withHolder({ holders: [] }, "a", "r1", "t");
+    expect(grantsOwed(rec, tickets(t("a", "r1")))).toEqual([{ node: "a", revision: "r1", since: "t" }]);
+    expect(grantsOwed(rec, tickets(t("a", "r1", undefined, "r1")))).toEqual([]);
+    expect(admitted(t("a", "r1", undefined, "r1"))).toBe(true);
+    expect(admitted({ ...t("a", "r1"), grant: { revision: "r1", at: "t", stopped: "failed elsewhere" } })).toBe(false);
+  });
+
+  test("item 8: a count budget above the pool's size is the pool's size, not a refusal; a percentage is rounded down, at least 1", () => {
+    expect(budgetSlots({ text: "5", count: 5 }, 3)).toBe(3);
+    expect(budgetSlots({ text: "5", count: 5 }, 0)).toBe(1);
+    expect(budgetSlots({ text: "10%", percent: 10 }, 29)).toBe(2);
+    expect(budgetSlots({ text: "10%", percent: 10 }, 5)).toBe(1);
+  });
+
+  test("the record round-trips through its annotations; an unreadable one is an error, never an empty pool", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }], failed: { revision: "r0", node: "b", failure: "x", at: "t" }, poolSize: 7 };
+    const annotations = Object.fromEntries(Object.entries(encodePool(rec)).filter((e): e is [string, string] => e[1] !== null));
+    expect(decodePool(annotations, "Lease x")).toEqual({ ok: true, value: rec });
+    const bad = decodePool({ "rollout.trellis.dev/holders": "[{" }, "Lease x");
+    expect(bad.ok).toBe(false);
+    if (!bad.ok) expect(bad.errors[0]).toContain("Lease x: annotation rollout.trellis.dev/holders: not JSON");
+  });
+});
