@@ -1,9 +1,9 @@
 // Integration test (src/ in-process against a real kube-apiserver): docs/admission-policy.yaml installed
 // as an operator would, and two node agents A and B, each a client-certificate user holding exactly
 // docs/rbac.md's rules (agentRules). What trellis writes (src/kube/node.ts, events.ts, serial-gate.ts,
-// slots.ts, and the heartbeat Lease as controllers/lease.ts writes it) passes; everything A could do to
-// B's objects with that RBAC alone, or to parts of its own Node it does not own, is refused by the
-// policy, naming what was refused. Reading a Secret A is not granted is refused by RBAC (reads never
+// pool-leases.ts, pool-leader.ts, and the heartbeat Lease as controllers/lease.ts writes it) passes;
+// everything A could do to B's objects with that RBAC alone, or to parts of its own Node it does not own,
+// is refused by the policy, naming what was refused. Reading a Secret A is not granted is refused by RBAC (reads never
 // reach admission). After an in-place update A deletes the Pods bound to its Node, and only those.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { ApiException, CoordinationV1Api, CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions, type V1Lease } from "@kubernetes/client-node";
@@ -14,12 +14,16 @@ import { createEventRecorder } from "../../src/kube/events.ts";
 import { deletePodsOnNode } from "../../src/kube/pods.ts";
 import { patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
 import { createSerialGate } from "../../src/kube/serial-gate.ts";
+import { leaseApi } from "../../src/kube/lease-api.ts";
 import { microTime } from "../../src/kube/micro-time.ts";
-import { createSlots } from "../../src/kube/slots.ts";
+import { startPoolLeader } from "../../src/kube/pool-leader.ts";
+import { patchAnnotations, poolMember, readTicket, secretOwner } from "../../src/kube/pool-leases.ts";
 import { createLogger } from "../../src/log.ts";
-import { installAdmissionPolicy } from "../harness/admission-policy.ts";
+import { admitted, grantAnnotation, poolLeaseLabel, requestAnnotation, ticketLabel } from "../../src/rollout/pool.ts";
+import { forbiddenRequests, installAdmissionPolicy } from "../harness/admission-policy.ts";
 import { agentRules, registerNode } from "../harness/agent.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
 import { userWithRules } from "../harness/rbac.ts";
 
 const namespace = "kube-system";
@@ -76,6 +80,14 @@ async function createPod(name: string, nodeName: string | undefined): Promise<vo
 }
 const byPolicy = (policy: string) => `ValidatingAdmissionPolicy 'trellis-node-agent-${policy}'`;
 
+/** `of` as a node of the pool of `secret` (src/kube/pool-leases.ts), writing with its own credentials. */
+async function poolNode(of: Agent, secret: string) {
+  const uid = (await admin.readNamespacedSecret({ name: secret, namespace })).metadata?.uid as string;
+  const ref = { secret: { name: secret, uid }, node: { name: of.name, uid: of.uid } };
+  const api = leaseApi(of.kube, namespace, log);
+  return { ref, api, member: poolMember(api, ref) };
+}
+
 /** The heartbeat Lease as controllers/lease.ts writes it. */
 function heartbeat(of: Agent, base?: V1Lease): V1Lease {
   const name = `gardener-node-agent-${of.name}`;
@@ -119,19 +131,42 @@ describe("an agent writes what trellis writes to its own objects", () => {
     await b.leases.createNamespacedLease({ namespace, body: heartbeat(b) });
   });
 
-  test("the serial Lease of its pool and the slots: taken, renewed, given back", async () => {
+  test("the serial Lease of its pool: taken, renewed, given back", async () => {
     const uid = (await admin.readNamespacedSecret({ name: pool.a, namespace })).metadata?.uid as string;
     const gate = createSerialGate({ kube: a.kube, secret: { name: pool.a, namespace, uid }, identity: a.name, log });
     expect(await gate.acquire()).toEqual({ held: true });
     await gate.renew();
     await gate.release();
-    const slots = createSlots({ kube: a.kube, secret: { name: pool.a, namespace, uid }, identity: a.name, log });
-    const taken = await slots.acquire(2, "c1", async () => false);
-    expect(taken).toEqual({ held: true, slot: `${pool.a}-slot-0` });
-    await slots.renew(`${pool.a}-slot-0`, "c1");
-    await slots.markFailed(`${pool.a}-slot-0`, "c1", "health gate failed");
-    await slots.release(`${pool.a}-slot-0`);
   });
+
+  test("its pool's rollout Leases: its ticket asked and given back, the leader's Lease taken and resigned, grants on its own and B's ticket, the record moved on and failed", async () => {
+    // B waits in A's pool: A, leading, writes the grant on B's ticket.
+    const [pa, pb] = [await poolNode(a, pool.a), await poolNode(b, pool.a)];
+    const since = new Date().toISOString();
+    for (const p of [pb, pa]) {
+      await p.member.ensureTicket();
+      await p.member.request({ revision: "r1", reason: "osc", since });
+    }
+    const leader = startPoolLeader({ api: pa.api, ref: pa.ref, log, budget: () => ({ text: "2", count: 2 }), clock: () => performance.now(), wallNow: () => new Date(), renewEveryMs: 200 });
+    try {
+      leader.campaign(true);
+      for (const p of [pa, pb]) {
+        await waitFor(`${p.ref.node.name} granted`, async () => admitted(readTicket((await p.api.get(p.member.ticketName)) ?? {}, p.member.ticketName)), 10_000);
+      }
+      expect((await pa.member.holding())?.revision).toBe("r1");
+      expect(await pa.member.moveOn("r2", new Date().toISOString())).toEqual({ ok: true });
+      await pa.member.recordFailure({ revision: "r2", node: a.name, failure: "health gate failed", at: new Date().toISOString() });
+      for (const p of [pb, pa]) await p.member.release();
+      leader.campaign(false);
+      // Nobody waits any more: the leader lets go of its Lease.
+      await waitFor("the leader resigned", async () => !leader.leading() && (await pa.api.get(`${pool.a}-leader`))?.spec?.holderIdentity === undefined, 10_000);
+    } finally {
+      await leader.stop();
+    }
+    expect(await pa.member.holding()).toBeUndefined();
+    // The leader only logs a refused write and tries again: the audit log shows whether any was.
+    for (const of of [a, b]) expect(forbiddenRequests(cluster, nodeAgentUserPrefix + of.name).filter((r) => r.includes("/leases"))).toEqual([]);
+  }, 60_000);
 
   test("the in-place update's result on its Node: failed with a reason, then successful", async () => {
     await patchNodeMetadata(a.kube, a.name, {
@@ -188,18 +223,87 @@ describe("agent A cannot touch B's objects", () => {
     expect(r.message).toContain(`not gardener-node-agent-node-gone`);
   });
 
-  test("B's hold on a serial or slot Lease: renewed for B, or let go", async () => {
+  test("B's hold on a serial or leader Lease: renewed for B, or let go", async () => {
     const uid = (await admin.readNamespacedSecret({ name: pool.b, namespace })).metadata?.uid as string;
     const secret = { name: pool.b, namespace, uid };
     expect(await createSerialGate({ kube: b.kube, secret, identity: b.name, log }).acquire()).toEqual({ held: true });
-    expect(await createSlots({ kube: b.kube, secret, identity: b.name, log }).acquire(1, "c1", async () => false)).toEqual({ held: true, slot: `${pool.b}-slot-0` });
-    for (const name of [pool.b, `${pool.b}-slot-0`]) {
+    await b.leases.createNamespacedLease({
+      namespace,
+      body: {
+        metadata: { name: `${pool.b}-leader`, namespace, labels: { [poolLeaseLabel]: pool.b }, ownerReferences: [secretOwner(secret)] },
+        spec: { holderIdentity: b.name, leaseDurationSeconds: 30, renewTime: microTime(new Date()) },
+      },
+    });
+    for (const name of [pool.b, `${pool.b}-leader`]) {
       const held = await a.leases.readNamespacedLease({ name, namespace });
       const renewedForB = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...held, spec: { ...held.spec, renewTime: microTime(new Date()) } } }));
       expect(renewedForB.message).toContain(`may hold Lease ${name} only for itself, not for node-b`);
       const released = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...held, spec: { ...held.spec, holderIdentity: undefined } } }));
       expect(released.message).toContain(`may not change Lease ${name} for its holder node-b`);
     }
+  });
+
+  test("its pool's leader Lease, held for B", async () => {
+    const uid = (await admin.readNamespacedSecret({ name: pool.a, namespace })).metadata?.uid as string;
+    const name = `${pool.a}-leader`;
+    const held = await a.leases.readNamespacedLease({ name, namespace });
+    const r = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...held, spec: { ...held.spec, holderIdentity: b.name } } }));
+    expect(r.code).toBe(403);
+    expect(r.message).toContain(byPolicy("leases"));
+    expect(r.message).toContain(`may hold Lease ${name} only for itself, not for node-b`);
+    const body: V1Lease = { metadata: { name: `${pool.b}-leader`, namespace, ownerReferences: [secretOwner({ name: pool.b, uid })] }, spec: { holderIdentity: b.name } };
+    expect((await refusal(a.leases.createNamespacedLease({ namespace, body }))).message).toContain(`may hold Lease ${pool.b}-leader only for itself, not for node-b`);
+  });
+
+  test("B's ticket: its request, holderIdentity or labels changed (its grant may change); a ticket created for B, under B's name, or posed as by its heartbeat", async () => {
+    const pb = await poolNode(b, pool.a);
+    await pb.member.request({ revision: "r3", reason: "osc", since: new Date().toISOString() });
+    const name = pb.member.ticketName;
+    const ticket = await a.leases.readNamespacedLease({ name, namespace });
+    const annotated = (changes: Record<string, string | null>): V1Lease => ({ ...ticket, metadata: { ...ticket.metadata, annotations: patchAnnotations(ticket.metadata?.annotations, changes) } });
+    const forged = JSON.stringify({ revision: "r9", reason: "osc", since: new Date().toISOString() });
+    for (const [what, body] of [
+      [`annotation ${requestAnnotation}`, annotated({ [requestAnnotation]: forged })],
+      [`annotation ${requestAnnotation}`, annotated({ [requestAnnotation]: null })],
+      ["holderIdentity", { ...ticket, spec: { ...ticket.spec, holderIdentity: a.name } }],
+      ["labels", { ...ticket, metadata: { ...ticket.metadata, labels: { [ticketLabel]: pool.b } } }],
+    ] as const) {
+      const r = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body }));
+      expect(r.code, what).toBe(403);
+      expect(r.message, what).toContain(byPolicy("leases"));
+      expect(r.message, what).toContain(`may change only annotation ${grantAnnotation} of Lease ${name} (the ticket of node-b), not its ${what}`);
+    }
+    // What the pool's leader writes there passes, and B clears it when it gives its turn back.
+    const granted = await a.leases.replaceNamespacedLease({ name, namespace, body: annotated({ [grantAnnotation]: JSON.stringify({ revision: "r3", at: new Date().toISOString() }) }) });
+    expect(admitted(readTicket(granted, name))).toBe(true);
+    await pb.member.release();
+    expect((await a.leases.readNamespacedLease({ name, namespace })).metadata?.annotations?.[grantAnnotation]).toBeUndefined();
+    const ticketFor = (holder: Agent, owner: Agent): V1Lease => ({
+      metadata: { name: `${pool.b}-node-${b.name}`, namespace, labels: { [ticketLabel]: pool.b }, ownerReferences: [{ apiVersion: "v1", kind: "Node", name: owner.name, uid: owner.uid, controller: true }] },
+      spec: { holderIdentity: holder.name },
+    });
+    for (const [body, says] of [
+      [ticketFor(b, b), "not held by node-b and controlled by Node node-b"],
+      [ticketFor(a, b), "not held by node-a and controlled by Node node-b"],
+      [ticketFor(a, a), `only as its own (held by node-a, controlled by Node node-a, named ${pool.b}-node-node-a)`],
+    ] as const) {
+      const r = await refusal(a.leases.createNamespacedLease({ namespace, body }));
+      expect(r.message, says).toContain(`may write ticket Lease ${pool.b}-node-node-b only as its own`);
+      expect(r.message, says).toContain(says);
+    }
+    // Its heartbeat Lease, which it may otherwise write as it likes, made to pass for B's ticket.
+    const heartbeatName = `gardener-node-agent-${a.name}`;
+    const own = await a.leases.readNamespacedLease({ name: heartbeatName, namespace });
+    const posing = { ...own, metadata: { ...own.metadata, labels: { [ticketLabel]: pool.a } }, spec: { ...own.spec, holderIdentity: b.name } };
+    const r = await refusal(a.leases.replaceNamespacedLease({ name: heartbeatName, namespace, body: posing }));
+    expect(r.message).toContain(`may not make Lease ${heartbeatName} a ticket Lease (it is a heartbeat Lease)`);
+  });
+
+  test("a pool's record held by a node", async () => {
+    const name = `${pool.a}-slots`;
+    const record = await a.leases.readNamespacedLease({ name, namespace });
+    const r = await refusal(a.leases.replaceNamespacedLease({ name, namespace, body: { ...record, spec: { ...record.spec, holderIdentity: a.name } } }));
+    expect(r.message).toContain(`may not set holderIdentity node-a on Lease ${name} (a pool record names its holders`);
   });
 
   test("what the policy cannot refuse: taking over B's serial Lease while B still renews it (it cannot read the time)", async () => {
