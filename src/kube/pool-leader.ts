@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, encodeTicket, grantsOwed, leaderLeaseName, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, grantAnnotation, grantsOwed, leaderLeaseName, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import { microTime } from "./micro-time.ts";
@@ -108,7 +108,14 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       else if (renewed === "lost" || deps.clock() - lead.renewedAt >= durationMs - renewEveryMs) await abdicate("could not renew the leader's Lease");
       return;
     }
-    if (!wanted) return;
+    if (!wanted) {
+      // Nothing to wait for: the leader's Lease is not watched (a pool without a rollout costs nothing).
+      const w = leaderWatch;
+      leaderWatch = undefined;
+      seen = undefined;
+      await w?.stop();
+      return;
+    }
     watchLeader();
     await leaderWatch?.synced;
     if (!expired()) return;
@@ -183,7 +190,8 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   }
 
   async function resign(): Promise<void> {
-    await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, undefined) : undefined), true);
+    // Still leading until the Lease says so: else the others would wait out its duration for nothing.
+    if ((await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, undefined) : undefined), true)) === "error") return;
     await abdicate("nobody waits");
   }
 
@@ -231,7 +239,8 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       if (!current) return undefined;
       const t = readTicket(current, `Lease kube-system/${leaseName}`);
       if (t?.request?.revision !== grant.revision || t.grant?.revision === grant.revision) return undefined;
-      return { ...current, metadata: { ...current.metadata, annotations: patchAnnotations(current.metadata?.annotations, encodeTicket({ request: t.request, grant })) } };
+      // Only the grant changes: the request stays the node's own text (the admission policy holds the leader to that).
+      return { ...current, metadata: { ...current.metadata, annotations: patchAnnotations(current.metadata?.annotations, { [grantAnnotation]: JSON.stringify(grant) }) } };
     });
   }
 

@@ -175,6 +175,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
         const cur = (await load()).current;
         if (!cur) return;
         if (cur.phase === "waiting" && admitted(t) && t?.grant?.revision === cur.work.revision) {
+          // The record decides, not the ticket: any agent of the pool may write a grant, only an admission is counted.
+          const holding = await m.member.holding();
+          if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
           await drive({ type: "granted", revision: cur.work.revision }, settings);
           changed();
         } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
