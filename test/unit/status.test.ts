@@ -7,7 +7,7 @@ import { statusPath, type StatusFile } from "../../src/api/status-file.ts";
 import type { AgentState } from "../../src/api/state.ts";
 import { statePath } from "../../src/apply/state-store.ts";
 import { collectStatus, renderStatus } from "../../src/cli/status.ts";
-import { createFiles, type Files } from "../../src/host/files.ts";
+import { createFiles, type FileContent, type Files } from "../../src/host/files.ts";
 import { createLogger } from "../../src/log.ts";
 import { createStatusBoard, readiness } from "../../src/status.ts";
 import { runDir, waitFor } from "../harness/exec.ts";
@@ -24,7 +24,7 @@ function fresh(): { root: string; files: Files; writes: () => number; lastWritte
   // of the file sees a write's content before the write's promise settles, so a test that waits for some
   // content and then counts writes must wait for it here, in the finished writes, not on disk.
   const writeTimes: number[] = [];
-  const written: string[] = [];
+  const written: FileContent[] = [];
   return {
     root,
     files: {
@@ -39,7 +39,7 @@ function fresh(): { root: string; files: Files; writes: () => number; lastWritte
     writes: () => written.length,
     lastWritten: () => {
       const last = written.at(-1);
-      return last === undefined ? undefined : (JSON.parse(last) as StatusFile);
+      return typeof last === "string" ? (JSON.parse(last) as StatusFile) : undefined;
     },
     writeTimes,
   };
