@@ -29,14 +29,37 @@ export const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retria
 /** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
 const osUpdateRunMs = 10 * 60_000;
 
-export type OsUpdateRun = { ok: true } | { failed: string } | { stopped: true };
+export type OsUpdateRun = { ok: true } | { failed: string } | { stopped: string };
+
+/** How long `systemctl is-system-running` may take to answer. */
+const systemStateTimeoutMs = 5_000;
+
+/**
+ * Whether systemd is shutting the machine down. Asked with systemctl, which as root talks to PID 1 over
+ * its private socket: the system bus may already be gone, as dbus.service is stopped alongside the agent.
+ * False when systemd cannot be asked.
+ */
+export function machineStopping(): Promise<boolean> {
+  return new Promise((resolve) => {
+    execFile("systemctl", ["is-system-running"], { timeout: systemStateTimeoutMs, killSignal: "SIGKILL" }, (_err, stdout) => resolve(stdout.trim() === "stopping"));
+  });
+}
+
+export type RunOsUpdateOptions = {
+  retry?: typeof osUpdateRetry;
+  /** Whether the machine is shutting down (default: machineStopping). */
+  machineStopping?: () => Promise<boolean>;
+};
 
 /**
  * Runs the OS update command until it succeeds, fails for a reason other than network problems, or the
- * retries' time is up. `stopped`: the agent is stopping (the command may be what restarts the machine).
+ * retries' time is up. `stopped`: the agent is stopping, or the machine is shutting down (the command may
+ * be what restarts the machine).
  */
-export async function runOsUpdate(command: string, args: string[], signal: AbortSignal, retry = osUpdateRetry, now: () => number = monotonicMs): Promise<OsUpdateRun> {
-  const deadline = now() + retry.timeoutMs;
+export async function runOsUpdate(command: string, args: string[], signal: AbortSignal, opts: RunOsUpdateOptions = {}): Promise<OsUpdateRun> {
+  const { retry = osUpdateRetry, machineStopping: stopping = machineStopping } = opts;
+  const agentStops = { stopped: "the agent stopped while the OS update command ran" };
+  const deadline = monotonicMs() + retry.timeoutMs;
   for (;;) {
     const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
       execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
@@ -44,12 +67,16 @@ export async function runOsUpdate(command: string, args: string[], signal: Abort
         resolve(err ? { error: describeError(err), output } : { output });
       });
     });
-    if (signal.aborted) return { stopped: true };
+    if (signal.aborted) return agentStops;
     if (outcome.error === undefined) return { ok: true };
+    // The shutdown a reboot starts ends the command with the agent's unit, and the agent may see that exit
+    // before its own SIGTERM. systemd says "stopping" from the moment it queued the shutdown, before it
+    // stops any unit: such an exit is no failure of the update, and the next boot judges it by os-release.
+    if (await stopping()) return { stopped: "the machine is shutting down while the OS update command ran" };
     const failure = `failed to execute OS update command ${[command, ...args].join(" ")}: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
-    if (!retry.retriable.test(outcome.output) || now() + retry.intervalMs > deadline) return { failed: failure };
+    if (!retry.retriable.test(outcome.output) || monotonicMs() + retry.intervalMs > deadline) return { failed: failure };
     await abortableSleep(retry.intervalMs, signal);
-    if (signal.aborted) return { stopped: true };
+    if (signal.aborted) return agentStops;
   }
 }
 
@@ -58,9 +85,10 @@ export type OsUpdate = { command: string; args?: string[] | null };
 /**
  * What is left of the OS update: failed (`told`: the Node says so already; `tried: false`: nothing was
  * run, so machine-controller-manager is told nothing, as gardener-node-agent only returns an error),
- * waiting for the machine to restart, or done (undefined).
+ * waiting for the machine to restart, cut short because the agent stops or the machine shuts down
+ * (nothing is told: the next start judges the attempt), or done (undefined).
  */
-export type OsUpdateOutcome = { failed: string; final: boolean; told?: boolean; tried?: false } | { waiting: string } | undefined;
+export type OsUpdateOutcome = { failed: string; final: boolean; told?: boolean; tried?: false } | { waiting: string } | { stopped: string } | undefined;
 
 export type OsUpdaterDeps = {
   kube: Kube;
@@ -103,8 +131,8 @@ export function createOsUpdater(deps: OsUpdaterDeps) {
     const name = deps.node.current()?.metadata?.name;
     if (name) await patchNodeMetadata(deps.kube, name, { annotations: { [updatingOsVersion]: want } });
     deps.log.info("running the OS update command", { command: osUpdate.command, args: osUpdate.args ?? [], version: want, ...(decision.again ? { again: decision.again } : {}) });
-    const run = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], deps.signal, deps.retry);
-    if ("stopped" in run) return { waiting: "the agent stopped while the OS update command ran" };
+    const run = await runOsUpdate(osUpdate.command, osUpdate.args ?? [], deps.signal, deps.retry ? { retry: deps.retry } : {});
+    if ("stopped" in run) return run;
     if ("failed" in run) {
       await recordAttempt({ version: want, boot, finished: false, failed: run.failed });
       return { failed: run.failed, final: true };

@@ -20,7 +20,11 @@ const failedReason = "node.machine.sapcloud.io/update-failed-reason";
 const updatingOs = "node-agent.gardener.cloud/updating-operating-system-version";
 const checksumKey = "checksum/cloud-config-data";
 
-/** The OS extension's update tool: `update VERSION [--no-reboot|--broken]`; every run is counted. */
+/**
+ * The OS extension's update tool: `update VERSION [--no-reboot|--broken]`; every run is counted. As a real
+ * one, it does not return once it restarted the machine: the shutdown ends it, with the agent's unit, and
+ * the agent may see it ended before its own stop.
+ */
 const updateTool = `#!/bin/sh
 set -eu
 echo "$1" >> /var/lib/os-update/runs
@@ -28,7 +32,9 @@ case "\${2:-}" in
   --broken) ;;   # the new image does not boot: the machine comes back with the one it ran
   *) sed "s/^PRETTY_NAME=.*/PRETTY_NAME=\\"Debian GNU\\/Linux $1 (next)\\"/" /etc/os-release > /var/lib/os-update/staged ;;
 esac
-[ "\${2:-}" = --no-reboot ] || systemctl reboot
+[ "\${2:-}" = --no-reboot ] && exit 0
+systemctl reboot
+exec sleep infinity
 `;
 /** The next boot runs what was staged, before the agent starts. */
 const activateUnit = `[Unit]

@@ -54,6 +54,7 @@ describe("running the OS extension's command", () => {
   const dir = mkdtempSync(`${tmpdir()}/trellis-os-update-`);
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
   const fast = { intervalMs: 20, timeoutMs: 2_000, retriable: /network problems/i };
+  const running = { retry: fast, machineStopping: async () => false };
   /** A command that fails `failures` times with `output`, then succeeds; counts its runs in a file. */
   function flaky(name: string, failures: number, output: string): { path: string; runs: () => number } {
     const count = `${dir}/${name}.runs`;
@@ -65,13 +66,13 @@ describe("running the OS extension's command", () => {
 
   test("network problems are retried until the command succeeds", async () => {
     const cmd = flaky("network", 2, "error: Network Problems reaching the image registry");
-    expect(await runOsUpdate(cmd.path, [], new AbortController().signal, fast)).toEqual({ ok: true });
+    expect(await runOsUpdate(cmd.path, [], new AbortController().signal, running)).toEqual({ ok: true });
     expect(cmd.runs()).toBe(3);
   });
 
   test("any other failure ends it at once, naming the command, its exit and its output", async () => {
     const cmd = flaky("invalid", 5, "invalid arguments: --to 13");
-    const r = await runOsUpdate(cmd.path, ["--to", "13"], new AbortController().signal, fast);
+    const r = await runOsUpdate(cmd.path, ["--to", "13"], new AbortController().signal, running);
     const failed = "failed" in r ? r.failed : "";
     expect(failed).toContain(`failed to execute OS update command ${cmd.path} --to 13`);
     expect(failed).toContain("invalid arguments: --to 13");
@@ -80,17 +81,34 @@ describe("running the OS extension's command", () => {
 
   test("network problems past the retries' time fail it", async () => {
     const cmd = flaky("timeout", 1000, "network problems");
-    const r = await runOsUpdate(cmd.path, [], new AbortController().signal, { ...fast, timeoutMs: 100 });
+    const r = await runOsUpdate(cmd.path, [], new AbortController().signal, { ...running, retry: { ...fast, timeoutMs: 100 } });
     expect("failed" in r ? r.failed : "").toContain("network problems");
     expect(cmd.runs()).toBeGreaterThan(1);
+  });
+
+  // The reboot the command starts ends it (and the agent) with a SIGTERM to the agent's unit, and the
+  // agent may see the command's exit before its own stop: that is no failure, nor run again.
+  test("a command ended while the machine shuts down did not fail: stopped, whatever its exit, and not run again", async () => {
+    const cmd = flaky("shutdown", 5, "network problems");
+    let asked = 0;
+    const shuttingDown = async () => (asked++, true);
+    expect(await runOsUpdate(cmd.path, [], new AbortController().signal, { retry: fast, machineStopping: shuttingDown })).toEqual({ stopped: "the machine is shutting down while the OS update command ran" });
+    expect({ runs: cmd.runs(), asked }).toEqual({ runs: 1, asked: 1 });
+    const killed = await runOsUpdate("/bin/sh", ["-c", "kill -TERM $$"], new AbortController().signal, { retry: fast, machineStopping: shuttingDown });
+    expect(killed).toEqual({ stopped: "the machine is shutting down while the OS update command ran" });
+  });
+
+  test("a command that succeeds does not ask whether the machine shuts down", async () => {
+    const cmd = flaky("succeeds", 0, "");
+    expect(await runOsUpdate(cmd.path, [], new AbortController().signal, { retry: fast, machineStopping: () => Promise.reject(new Error("not asked")) })).toEqual({ ok: true });
   });
 
   test("the agent stopping ends the command and says so: not a failure (the command may be restarting the machine)", async () => {
     const stop = new AbortController();
     const started = performance.now();
-    const run = runOsUpdate("/bin/sleep", ["30"], stop.signal, fast);
+    const run = runOsUpdate("/bin/sleep", ["30"], stop.signal, running);
     setTimeout(() => stop.abort(new Error("the agent is stopping")), 50);
-    expect(await run).toEqual({ stopped: true });
+    expect(await run).toEqual({ stopped: "the agent stopped while the OS update command ran" });
     expect(performance.now() - started).toBeLessThan(5_000);
   });
 });
