@@ -15,6 +15,9 @@ const named = (w: Work) => (w.kind === "osc" ? `OSC ${short(w.checksum)}` : `${w
 export function createRolloutReporter(deps: Pick<OscWorkDeps, "node" | "events" | "kube" | "status"> & { log: Logger }) {
   // What was said already, per piece of work and kind of message: a node waiting an hour says so once.
   const said = new Set<string>();
+  // Revisions the leader said failed elsewhere: a node still waiting for one (it asks again at every
+  // reconcile) keeps saying that the rollout stopped, not that it waits for a slot.
+  const stoppedRevisions = new Set<string>();
 
   async function event(type: "Normal" | "Warning", reason: string, message: string, once?: string): Promise<void> {
     const node = deps.node.current();
@@ -51,6 +54,7 @@ export function createRolloutReporter(deps: Pick<OscWorkDeps, "node" | "events" 
       const cur = after.current;
       if (action.do === "hold") {
         const work = cur?.work ?? was?.work;
+        if (action.reason === "WaitingForSlot" && work && stoppedRevisions.has(work.revision)) return;
         const key = `${work?.revision ?? "?"}/${action.reason}`;
         await condition("False", action.reason, action.message);
         if (action.reason !== "Blocked" && action.reason !== "HealthGateFailed") await event("Normal", "RolloutWaiting", action.message, key);
@@ -91,6 +95,7 @@ export function createRolloutReporter(deps: Pick<OscWorkDeps, "node" | "events" 
     /** The leader's word that what this node waits for failed its gate elsewhere. */
     async stopped(work: Work, failure: string): Promise<void> {
       const message = `${named(work)} failed its health gate on another node (${failure}): the rollout of this OSC is stopped; a new OSC goes on`;
+      stoppedRevisions.add(work.revision);
       await condition("False", "RolloutStopped", message);
       await event("Warning", "RolloutStopped", message, `${work.revision}/stopped`);
     },
