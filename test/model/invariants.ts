@@ -6,7 +6,8 @@
 //    machine runs the final revision (with its overlays) if that is good — unless the budget is used up
 //    by machines that are still disrupted (a bad change that broke a node without rollback stops the
 //    pool on purpose);
-// I5 with rollback on, no node ends on an OSC that failed its gate: no alive machine runs a broken unit.
+// I5 with rollback on, no node ends on an OSC that failed its gate: no alive machine that once ran a good
+//    OSC runs a broken unit (a machine that joined while the OSC was bad has nothing to go back to).
 import { layer, sameContent } from "./osc-model.ts";
 import { rolloutKey, type World } from "./world.ts";
 
@@ -31,7 +32,7 @@ export function endChecks(w: World, holdingSince: ReadonlyMap<string, number>): 
       w.truth.violate("I4", `${m.name} never got the good OSC r${final.id} (${short(desired.checksum)}) in the quiet time; it runs ${short(m.lastApplied)}`);
     }
     const broken = w.breakages.in(m.running);
-    if (rollback && broken.length > 0) {
+    if (rollback && m.ranGood && broken.length > 0) {
       w.truth.violate("I5", `${m.name} ends on ${short(m.lastApplied)}, whose ${broken.map((b) => `${b.unit}@${b.version}`).join(", ")} is broken, although rollback is on`);
     }
   }

@@ -25,6 +25,8 @@ export class Machine {
   /** When the node-lifecycle controller last saw a heartbeat (monotonic). */
   heartbeatSeenAt = 0;
   contentChangedAt = 0;
+  /** It ran a good OSC at some time (so had something to roll back to). */
+  ranGood = false;
   /** The Secret as its agent last received it, and who listens for the next one. */
   seen: Revision | undefined;
   listeners: (() => void)[] = [];

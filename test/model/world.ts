@@ -299,6 +299,7 @@ export class World {
     const restarted = restartsOf(before, desired);
     const started = Object.keys(desired.units).filter((u) => before?.units[u] !== desired.units[u]);
     m.running = desired;
+    m.ranGood ||= this.breakages.good(desired);
     m.lastApplied = checksum;
     m.contentChangedAt = this.clock.mono;
     for (const u of started) m.unitSince.set(u, this.clock.wall(m.name));
