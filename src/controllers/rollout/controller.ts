@@ -10,7 +10,7 @@
 import type { V1Lease } from "@kubernetes/client-node";
 import { lastGoodOscPath, NodeRolloutSchema, rolloutStatePath } from "../../api/rollout-state.ts";
 import type { RolloutSettings } from "../../api/rollout.ts";
-import { type BootClockReading, readBootClock, sinceBootMs } from "../../host/boot-clock.ts";
+import { type BootClockReading, readBootClock } from "../../host/boot-clock.ts";
 import { jsonStore } from "../../host/json-store.ts";
 import { paths } from "../../api/paths.ts";
 import { type LeaseApi, leaseApi, type LeaseWatch } from "../../kube/lease-api.ts";
@@ -215,7 +215,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
 
   const look = (units: string[], settings: RolloutSettings) =>
     checkHealth(
-      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: sinceBootMs },
+      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs },
       settings,
       { units },
     );
