@@ -1,10 +1,11 @@
-// The three kinds of loop the controllers run, one implementation each, so that the next controller is
+// The kinds of loop the controllers run, one implementation each, so that the next controller is
 // wired in a few lines (as gardener-node-agent's controllers share controller-runtime's):
 //   - serializer: async operations one at a time, in call order (state read-modify-write, a Lease's
 //     renew and release, events that must not race);
 //   - singleFlight: a level-triggered reconcile: a trigger during a pass asks for one more pass
 //     afterwards, never for two at once;
-//   - every: a periodic tick, with a wake-up that runs the next tick at once.
+//   - every: a periodic tick, with a wake-up that runs the next tick at once;
+//   - later: one pending wake-up (a requeue or retry after a delay), moved or cancelled as a whole.
 // The work each one runs must handle its own errors: a loop only sequences and spaces it.
 import { monotonicMs } from "./time.ts";
 
@@ -133,5 +134,33 @@ export function every(intervalMs: number, tick: () => Promise<number | void>, op
       wake();
       await loop;
     },
+  };
+}
+
+export type Later = {
+  /** Runs the callback once after `ms`, instead of any wake-up set before. */
+  in(ms: number): void;
+  /** Whether a wake-up is pending. */
+  pending(): boolean;
+  cancel(): void;
+};
+
+/** One pending wake-up for `fn` (a controller's requeue: "reconcile again after X"). */
+export function later(fn: () => void): Later {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const cancel = () => {
+    if (timer) clearTimeout(timer);
+    timer = undefined;
+  };
+  return {
+    in(ms) {
+      cancel();
+      timer = setTimeout(() => {
+        timer = undefined;
+        fn();
+      }, Math.max(0, ms));
+    },
+    pending: () => timer !== undefined,
+    cancel,
   };
 }

@@ -18,7 +18,7 @@ export const paths = {
   nodeName: `${baseDir}/trellis/node-name`,
   /** The sha256 of the files trellis checks, by their identity (src/host/known-hashes.ts). */
   knownHashes: `${baseDir}/trellis/known-hashes.json`,
-  /** The last osc.yaml parsed, as JSON with its checksum (src/controllers/osc-parse.ts). */
+  /** The last osc.yaml parsed, as JSON with its checksum (src/controllers/osc/parse.ts). */
   parsedOsc: `${baseDir}/trellis/parsed-osc.json`,
   /** Files extracted from images (imageRef), by content hash. */
   imageCache: `${baseDir}/trellis/images`,

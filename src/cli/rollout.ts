@@ -113,7 +113,7 @@ async function readRecord(kube: ReturnType<typeof kubeFromConnection>, name: str
   }
 }
 
-/** The Secret's revision as the agents compute it (src/controllers/osc.ts): osc.yaml and every overlay. */
+/** The Secret's revision as the agents compute it (src/controllers/osc/reconcile.ts): osc.yaml and every overlay. */
 function secretRevision(bytes: Uint8Array, data: Record<string, string>, source: string, problems: string[]): string {
   const decoded: Record<string, Uint8Array> = {};
   for (const [key, value] of Object.entries(data)) {

@@ -15,7 +15,7 @@ import { startHealthController } from "../controllers/health.ts";
 import { startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
 import { startNodeSource } from "../controllers/node-source.ts";
-import { startOscController } from "../controllers/osc.ts";
+import { startOscController } from "../controllers/osc/controller.ts";
 import { startRollout } from "../controllers/rollout/controller.ts";
 import { startRestartController } from "../controllers/restart.ts";
 import { startTokenController } from "../controllers/token.ts";

@@ -8,6 +8,7 @@ import { kubelet, paths } from "../api/paths.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import { describeError, type Logger } from "../log.ts";
+import { later } from "../loops.ts";
 import type { Controller, NodeSource } from "./types.ts";
 
 export type BootstrapCredentialsDeps = {
@@ -23,7 +24,7 @@ export function startBootstrapCredentialsCleanup(deps: BootstrapCredentialsDeps)
   const log = deps.log.with({ controller: "bootstrap-credentials" });
   // The agent never authenticates with the token itself: it runs with its own client certificate.
   const targets = [kubelet.bootstrapKubeconfig, paths.bootstrapToken];
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  const next = later(() => void tick());
   let stopped = false;
   let waitingFor = "";
 
@@ -53,14 +54,14 @@ export function startBootstrapCredentialsCleanup(deps: BootstrapCredentialsDeps)
       log.warn("could not check or remove the bootstrap credentials", { error: describeError(err) });
       return false;
     });
-    if (!done && !stopped) timer = setTimeout(tick, deps.intervalMs ?? 5_000);
+    if (!done && !stopped) next.in(deps.intervalMs ?? 5_000);
   };
   void tick();
 
   return {
     stop: async () => {
       stopped = true;
-      if (timer) clearTimeout(timer);
+      next.cancel();
     },
   };
 }

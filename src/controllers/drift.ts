@@ -21,9 +21,10 @@ import { describeError } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import type { Step } from "../api/plan.ts";
 import { type Drift, driftInSteps, driftKinds, type Written, fileDrift, pathsUnder, recurringDrift, watchedDirs, writtenPaths } from "../plan/drift.ts";
-import type { OscController } from "./osc.ts";
+import type { OscController } from "./osc/controller.ts";
 import type { Controller, OscWorkDeps } from "./types.ts";
 import { monotonicMs } from "../time.ts";
+import { later } from "../loops.ts";
 import { type AssessableStatus, assessUnit, statusesForAssessment } from "./unit-health.ts";
 
 export const driftConditionType = "ConfigurationDrift";
@@ -54,9 +55,11 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   let units = new Set<string>();
   const dirtyPaths = new Set<string>();
   const dirtyUnits = new Set<string>();
-  let debounceTimer: ReturnType<typeof setTimeout> | undefined;
-  let conditionTimer: ReturnType<typeof setTimeout> | undefined;
   let checking: Promise<void> = Promise.resolve();
+  const debounce = later(() => {
+    checking = checking.then(check);
+  });
+  const conditionUpdate = later(() => void updateCondition());
   let stopped = false;
   // Report mode: what was reported, by target, so a drift that stays is said once.
   const reported = new Map<string, string>();
@@ -71,10 +74,7 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
     for (const p of paths) dirtyPaths.add(p);
     if (unit) dirtyUnits.add(unit);
     // From the first change, not the last: a neighbour writing all the time must not postpone the repair forever.
-    debounceTimer ??= setTimeout(() => {
-      debounceTimer = undefined;
-      checking = checking.then(check);
-    }, config.debounce);
+    if (!debounce.pending()) debounce.in(config.debounce);
   };
 
   function watchDir(dir: string): void {
@@ -240,12 +240,9 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   }
 
   async function updateCondition(): Promise<void> {
-    if (conditionTimer) clearTimeout(conditionTimer);
-    conditionTimer = undefined;
+    conditionUpdate.cancel();
     const { recurring, nextChangeAtMs } = recurringDrift(repairs, clock(), config.recurringRepairs, config.recurringWindow);
-    if (nextChangeAtMs !== undefined && !stopped) {
-      conditionTimer = setTimeout(() => void updateCondition(), Math.max(0, nextChangeAtMs - clock()));
-    }
+    if (nextChangeAtMs !== undefined && !stopped) conditionUpdate.in(nextChangeAtMs - clock());
     const node = deps.node.current();
     if (!node) return;
     const window = formatDuration(config.recurringWindow);
@@ -289,8 +286,8 @@ export function startDriftController(deps: DriftControllerDeps): Controller {
   return {
     stop: async () => {
       stopped = true;
-      if (debounceTimer) clearTimeout(debounceTimer);
-      if (conditionTimer) clearTimeout(conditionTimer);
+      debounce.cancel();
+      conditionUpdate.cancel();
       unsubscribeReconciled();
       unsubscribeUnits();
       const open = [...watchers.values()];

@@ -11,6 +11,7 @@ import { KubeError } from "../kube/errors.ts";
 import { findNode } from "../kube/node.ts";
 import { watchObjects, type Watcher } from "../kube/watch.ts";
 import { describeError, type Logger } from "../log.ts";
+import { later } from "../loops.ts";
 import type { Controller, NodeSource } from "./types.ts";
 
 export type NodeSourceOptions = {
@@ -29,7 +30,7 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
   let watch: Watcher;
   let watching = "";
   let stopped = false;
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  const retry = later(() => void lookByLabel());
   let resolveFound!: (node: V1Node) => void;
   let isFound = false;
   const found = new Promise<V1Node>((resolve) => (resolveFound = resolve));
@@ -82,7 +83,7 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
         }
       } else log.info("the Node is not registered yet; watching for it", { hostName: opts.hostName, reason: describeError(err) });
     }
-    if (!stopped) timer = setTimeout(() => void lookByLabel(), opts.retryMs ?? 10_000);
+    if (!stopped) retry.in(opts.retryMs ?? 10_000);
   };
   void lookByLabel();
 
@@ -95,7 +96,7 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
     found,
     stop: async () => {
       stopped = true;
-      if (timer) clearTimeout(timer);
+      retry.cancel();
       await watch.stop();
     },
   };

@@ -22,7 +22,7 @@ import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource } from "./types.ts";
 import { countsAsDisruptive } from "../plan/disruption.ts";
 import { type Rollout, workRevision } from "./rollout/controller.ts";
-import { singleFlight } from "../loops.ts";
+import { later, singleFlight } from "../loops.ts";
 import { sha256Hex } from "../api/desired.ts";
 import { effectiveChecksumAnnotation } from "../api/layers.ts";
 
@@ -73,7 +73,8 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   const retryMs = deps.retryMs ?? 5_000;
   let handled: Request | undefined; // the value whose restarts ran, until the annotation disappears
   let latest: V1Node | undefined;
-  let retry: ReturnType<typeof setTimeout> | undefined;
+  // One pending retry: of the admission, or of the annotation's removal.
+  const retry = later(() => trigger());
   let stopped = false;
 
   // Each pass works on the latest Node.
@@ -89,7 +90,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       return;
     }
     if (value !== handled?.value) {
-      if (retry) return; // waiting already
+      if (retry.pending()) return; // waiting already
       const units = requestedUnits(value);
       const admission = await admit(node, value, units);
       if (admission === "wait") return;
@@ -104,7 +105,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       if (admission === "admitted") await deps.rollout?.applied({ complete: failed.length === 0, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
       await removeAnnotation(handled);
       return;
-    } else if (handled.removed || retry) {
+    } else if (handled.removed || retry.pending()) {
       return; // done, or the removal is waiting for its retry
     }
     await removeAnnotation(handled);
@@ -119,7 +120,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     if (!rollout) return "free";
     const pool = rollout.current();
     // Before the OSC controller has read the pool's Secret its settings are unknown: wait, never bypass them.
-    if (!pool) return later(deps.settingsRetryMs ?? 1000, "the rollout settings are not read yet");
+    if (!pool) return askAgain(deps.settingsRetryMs ?? 1000, "the rollout settings are not read yet");
     const disruptive = units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits));
     if (disruptive.length === 0) return "free";
     const a = node.metadata?.annotations ?? {};
@@ -133,17 +134,14 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     });
     if (decision.do === "hold") {
       log.info("the requested restart waits", { units: disruptive, reason: decision.reason, message: decision.message });
-      return later(decision.retryAfterMs, decision.reason);
+      return askAgain(decision.retryAfterMs, decision.reason);
     }
     // "wait": its restarts ran already (the agent restarted before removing the annotation): not again.
     return decision.do === "apply" ? "admitted" : "wait";
   }
 
-  function later(ms: number, why: string): "wait" {
-    retry = setTimeout(() => {
-      retry = undefined;
-      trigger();
-    }, Math.max(1000, ms));
+  function askAgain(ms: number, why: string): "wait" {
+    retry.in(Math.max(1000, ms));
     log.debug("the requested restart asks again later", { why, inMs: ms });
     return "wait";
   }
@@ -180,10 +178,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       if (deps.nodes.current()?.metadata?.annotations?.[restartAnnotation] !== request.value) return;
       const delayMs = Math.min(retryMs * 2 ** request.failures++, 5 * 60_000);
       log.warn("could not remove the restart annotation; trying again", { error: describeError(err), delayMs });
-      retry = setTimeout(() => {
-        retry = undefined;
-        trigger();
-      }, delayMs);
+      retry.in(delayMs);
       return;
     }
     request.removed = true;
@@ -218,7 +213,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       stopped = true;
       const finished = passes.stop();
       unsubscribe();
-      if (retry) clearTimeout(retry);
+      retry.cancel();
       await finished;
     },
   };

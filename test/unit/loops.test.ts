@@ -1,6 +1,6 @@
 // The controllers' loop primitives (src/loops.ts).
 import { describe, expect, test } from "bun:test";
-import { every, serializer, singleFlight } from "../../src/loops.ts";
+import { every, later, serializer, singleFlight } from "../../src/loops.ts";
 
 /** Resolves once `cond` holds (polled: the loops run on timers). */
 async function until(cond: () => boolean): Promise<void> {
@@ -127,5 +127,26 @@ describe("every", () => {
     await loop.stop();
     const gaps = starts.slice(1).map((t, i) => t - (starts[i] as number));
     for (const g of gaps) expect(g).toBeLessThan(450); // a full pause after each tick would make 500
+  });
+});
+
+describe("later", () => {
+  test("one pending wake-up: setting it again replaces it, cancel drops it", async () => {
+    const fired: number[] = [];
+    let n = 0;
+    const w = later(() => fired.push(++n));
+    w.in(5);
+    w.in(30); // replaces the first
+    expect(w.pending()).toBe(true);
+    await until(() => fired.length === 1);
+    expect(w.pending()).toBe(false);
+    w.in(1);
+    w.cancel();
+    expect(w.pending()).toBe(false);
+    // A later wake-up of its own fires after the cancelled one would have.
+    let probed = false;
+    later(() => (probed = true)).in(20);
+    await until(() => probed);
+    expect(fired).toEqual([1]);
   });
 });

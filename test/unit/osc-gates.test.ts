@@ -1,7 +1,7 @@
-// The OSC controller's gating decisions (src/controllers/osc-gates.ts) and the clock the reconciliation
+// The OSC controller's gating decisions (src/controllers/osc/gates.ts) and the clock the reconciliation
 // delay is measured by across restarts and reboots (src/host/boot-clock.ts).
 import { describe, expect, test } from "bun:test";
-import { delayLeft, firstHold, gatesFor, giveUpSerialLease, holdAfterFailure, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc-gates.ts";
+import { delayLeft, firstHold, gatesFor, giveUpSerialLease, holdAfterFailure, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc/gates.ts";
 import { elapsedBetween } from "../../src/host/boot-clock.ts";
 
 describe("gatesFor: which gates an OSC passes on this node", () => {

@@ -1,9 +1,9 @@
-// src/controllers/osc-parse.ts: osc.yaml is parsed once per content; a restarted agent reads the kept
+// src/controllers/osc/parse.ts: osc.yaml is parsed once per content; a restarted agent reads the kept
 // parse of an unchanged Secret instead of parsing YAML again, and only what JSON holds exactly is kept.
 import { describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { oscChecksum } from "../../src/api/desired.ts";
-import { createOscParser, jsonExact } from "../../src/controllers/osc-parse.ts";
+import { createOscParser, jsonExact } from "../../src/controllers/osc/parse.ts";
 import { createFiles } from "../../src/host/files.ts";
 import { createLogger } from "../../src/log.ts";
 import { runDir } from "../harness/exec.ts";

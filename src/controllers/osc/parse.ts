@@ -6,13 +6,13 @@
 // It is kept once its OSC was applied, so an OSC that fails changes nothing on the node.
 // Only an OSC that JSON holds exactly is kept (YAML can carry timestamps, which JSON would turn into text).
 import * as v from "valibot";
-import { parseOscBytes } from "../api/desired.ts";
-import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../api/osc.ts";
-import type { Result } from "../api/result.ts";
-import { object } from "../api/shapes.ts";
-import type { Files } from "../host/files.ts";
-import { jsonStore } from "../host/json-store.ts";
-import { describeError, type Logger } from "../log.ts";
+import { parseOscBytes } from "../../api/desired.ts";
+import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../../api/osc.ts";
+import type { Result } from "../../api/result.ts";
+import { object } from "../../api/shapes.ts";
+import type { Files } from "../../host/files.ts";
+import { jsonStore } from "../../host/json-store.ts";
+import { describeError, type Logger } from "../../log.ts";
 
 const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), osc: OperatingSystemConfigSchema });
 /** A kept parse larger than this is not read (the OSC itself is at most 2 MiB of YAML). */

@@ -1,6 +1,6 @@
 // The gating decisions of the OSC controller, pure: which gates an OSC passes before it is applied on
 // this node (the reconciliation delay, the serial lease, trellis's own rollout admission), and when a
-// node whose apply keeps failing gives the serial lease up. src/controllers/osc.ts does the I/O.
+// node whose apply keeps failing gives the serial lease up. src/controllers/osc/ does the I/O.
 //
 // What gardener-node-agent does (pkg/nodeagent/controller/operatingsystemconfig, read at the snapshot's
 // HEAD, v1.149.3+, the nearest to the pinned v1.150.0): the delay applies only to a Secret update seen by
@@ -14,9 +14,9 @@
 //     admission: there is nothing running to disrupt, and holding a new node back only delays capacity.
 //   - "current": this OSC is what is applied: it is re-ensured at once, without the delay or the serial lease;
 //     what re-ensuring it disrupts (drift repair restarting kubelet) passes trellis's admission like any change.
-import { parseGoDuration } from "../api/duration.ts";
-import type { SerialHoldState } from "../api/serial-hold.ts";
-import { type BootClockReading, elapsedBetween } from "../host/boot-clock.ts";
+import { parseGoDuration } from "../../api/duration.ts";
+import type { SerialHoldState } from "../../api/serial-hold.ts";
+import { type BootClockReading, elapsedBetween } from "../../host/boot-clock.ts";
 
 export type NodeKind = "update" | "fresh" | "current";
 

@@ -1,0 +1,134 @@
+// How the OSC controller reports: the Node's checksum annotation and labels, the condition
+// OperatingSystemConfigApplied, and events — each problem once per OSC, a no-op re-check costing no request.
+import type { V1Node } from "@kubernetes/client-node";
+import type { Desired } from "../../api/desired.ts";
+import { effectiveChecksumAnnotation } from "../../api/layers.ts";
+import { paths } from "../../api/paths.ts";
+import { poolLabel } from "../../api/rollout.ts";
+import { type ApplyOutcome, summaryOf } from "../../apply/apply.ts";
+import { nodeRef } from "../../kube/events.ts";
+import { patchNodeConditionIfChanged, patchNodeMetadata } from "../../kube/node.ts";
+import { describeError } from "../../log.ts";
+import { describeStep } from "../../plan/render.ts";
+import { noted, type OscContext, periodic, result, type Wait } from "./context.ts";
+
+export const annotations = {
+  appliedChecksum: "checksum/cloud-config-data",
+  reconciliationDelay: "node-agent.gardener.cloud/reconciliation-delay",
+} as const;
+export const labels = {
+  kubernetesVersion: "worker.gardener.cloud/kubernetes-version",
+  worker: "node-role.kubernetes.io/worker",
+  controlPlane: "node-role.kubernetes.io/control-plane",
+  zone: "topology.kubernetes.io/zone",
+} as const;
+/** trellis's own Node condition: whether the current OSC is applied, and if not, why. */
+export const conditionType = "OperatingSystemConfigApplied";
+const apiServerManifest = "/etc/kubernetes/manifests/kube-apiserver.yaml";
+
+/** osc.yaml's checksum (Gardener's, on the Node) and that of what the node applies (overlays included). */
+export type Checksums = { base: string; checksum: string };
+
+/** The OSC is invalid: said once per problem; the node keeps its last good state. */
+export async function invalid(ctx: OscContext, checksum: string, errors: string[]): Promise<Wait> {
+  result(ctx, "invalid", errors.join("; "));
+  // The Secret's next change wakes the controller again.
+  ctx.log.error("the OSC is invalid; nothing was changed on the node", { checksum, errors });
+  const current = ctx.deps.node.current();
+  // Once per problem, not per checksum: the checksum is osc.yaml's, and a Secret whose overlays or
+  // rollout annotations change keeps it, so a new problem there would otherwise never be reported.
+  const reported = noted(ctx, checksum).reported;
+  const key = `invalid/${errors.join("\n")}`;
+  if (current && !reported.has(key)) {
+    reported.add(key);
+    await ctx.deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCInvalid", message: errors.join("\n") });
+    await setCondition(ctx, current, "False", "Invalid", `OSC ${checksum.slice(0, 12)} is invalid; the node keeps its last good state: ${errors.join("; ")}`);
+  }
+  return periodic(ctx);
+}
+
+export async function reportFailure(ctx: OscContext, current: V1Node | undefined, checksum: string, outcome: ApplyOutcome): Promise<void> {
+  if (!current) return;
+  for (const f of outcome.failures) {
+    await ctx.deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCApplyFailed", message: `${describeStep(f.step)}: ${f.error}` });
+  }
+  await setCondition(ctx, current, "False", "ApplyFailed", `applying OSC ${checksum.slice(0, 12)}: ${outcome.failures.map((f) => describeStep(f.step)).join("; ")}`);
+}
+
+export async function reportSuccess(ctx: OscContext, current: V1Node | undefined, ids: Checksums, desired: Desired, outcome: ApplyOutcome): Promise<void> {
+  const { checksum } = ids;
+  const { reported } = noted(ctx, checksum);
+  for (const u of desired.unsupported) {
+    if (current && !reported.has(`unsupported/${u}`)) {
+      reported.add(`unsupported/${u}`);
+      await ctx.deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
+    }
+  }
+  // Kubelet registers the Node only once the first OSC started it: the Node's arrival wakes this
+  // controller again, and that run reports what the apply did, from the state it persisted.
+  if (!current) return;
+  const name = current.metadata?.name as string;
+  const wanted = await nodeMetadata(ctx, ids, desired);
+  const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
+  const firstReport = (have[effectiveChecksumAnnotation] ?? have[annotations.appliedChecksum]) !== checksum;
+  // A no-op re-check costs no API request (null: a key that must be absent). The patched Node, as the
+  // server answered, is what the condition below is patched against, without reading it again.
+  let patched: V1Node | undefined;
+  if (Object.entries({ ...wanted.labels, ...wanted.annotations }).some(([k, v]) => (have[k] ?? null) !== v)) {
+    patched = await patchNodeMetadata(ctx.deps.kube, name, wanted);
+  }
+  const done = outcome.executed.length > 0 || outcome.resumed ? summaryOf(outcome.executed) : firstReport ? await persistedSummary(ctx, checksum) : undefined;
+  if (done) {
+    await ctx.deps.events.record({
+      node: nodeRef(current),
+      type: "Normal",
+      reason: "OSCApplied",
+      message: `Applied OSC ${checksum.slice(0, 12)}: ${done.steps} step(s)${done.restarted.length ? `, restarted ${done.restarted.join(", ")}` : ""}`,
+    });
+  }
+  await setCondition(ctx, patched ?? current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`, patched !== undefined);
+}
+
+// What the apply of `checksum` did, as it was recorded (possibly by this agent before it restarted itself).
+async function persistedSummary(ctx: OscContext, checksum: string): Promise<{ steps: number; restarted: string[] } | undefined> {
+  const last = (await ctx.deps.store.read()).lastApplied;
+  return last?.checksum === checksum && last.steps !== undefined ? { steps: last.steps, restarted: last.restarted ?? [] } : undefined;
+}
+
+async function nodeMetadata(ctx: OscContext, ids: Checksums, desired: Desired) {
+  const controlPlane = desired.files.some((f) => f.path === apiServerManifest);
+  const zone = await ctx.deps.files.read(paths.zone).catch(() => undefined);
+  const zoneName = zone ? new TextDecoder().decode(zone).trim() : "";
+  return {
+    annotations: { [annotations.appliedChecksum]: ids.base, [effectiveChecksumAnnotation]: ids.checksum === ids.base ? null : ids.checksum },
+    labels: {
+      [labels.kubernetesVersion]: ctx.deps.kubernetesVersion,
+      // The pool a disruption budget counts (Gardener's kubelet sets the same label on its nodes).
+      [poolLabel]: ctx.deps.secretName,
+      [controlPlane ? labels.controlPlane : labels.worker]: "",
+      ...(zoneName ? { [labels.zone]: zoneName } : {}),
+    },
+  };
+}
+
+/** `fresh`: `current` is the server's answer to this agent's own write just now (see patchNodeConditionIfChanged). */
+export async function setCondition(ctx: OscContext, current: V1Node, value: "True" | "False", reason: string, message: string, fresh = false): Promise<void> {
+  await patchNodeConditionIfChanged(ctx.deps.kube, current, { type: conditionType, status: value, reason, message }, { fresh }).catch((err: unknown) =>
+    ctx.log.warn("could not set the Node condition", { condition: conditionType, error: describeError(err) }),
+  );
+}
+
+/** The status board's line for the controller. */
+export function reportStatus(ctx: OscContext): void {
+  const status = ctx.state.status;
+  const checksum = status.lastChecksum?.slice(0, 12) ?? "none";
+  const summary =
+    status.lastResult === "applied"
+      ? `OSC ${checksum} applied`
+      : status.lastResult === "waiting"
+        ? `waiting for Secret kube-system/${ctx.deps.secretName}`
+        : status.lastResult === "held"
+          ? `OSC ${checksum} held back: ${status.lastError ?? ""}`
+          : `OSC ${checksum} ${status.lastResult ?? "not reconciled yet"}: ${status.lastError ?? ""}`;
+  ctx.deps.status.set("osc", { ok: status.synced && (status.lastResult === "applied" || status.lastResult === "held"), summary, ...status });
+}
