@@ -5,7 +5,8 @@
 //
 // Windows are judged by the wall clock of their zone at the instant asked about, so daylight saving
 // needs no rule of its own: a window of 02:00-03:00 is empty on the night the clocks skip that hour,
-// and one hour long on the night they repeat it (the first pass). Pure: the zone data is the runtime's.
+// and open for both passes of it on the night they repeat it (two hours of real time: each instant's
+// local time is within the range). Pure: the zone data is the runtime's.
 import type { Result } from "./result.ts";
 
 const dayNames = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"] as const;

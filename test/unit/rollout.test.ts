@@ -5,7 +5,7 @@ import { parseRolloutSettings, rolloutKeys } from "../../src/api/rollout.ts";
 import { budgetSlots } from "../../src/rollout/pool.ts";
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
-import { disruptedUnits } from "../../src/plan/disruption.ts";
+import { disruptedUnits, disruptionOf } from "../../src/plan/disruption.ts";
 import type { Plan } from "../../src/api/plan.ts";
 import { prng } from "../harness/prng.ts";
 
@@ -200,5 +200,11 @@ describe("disruptive plans", () => {
     const p = plan([restart("web.service"), restart("app-1.service"), restart("kubelet.service"), restart("containerd.service")]);
     expect(disruptedUnits(p, ["app-?.service"])).toEqual(["app-1.service", "kubelet.service", "containerd.service"]);
     expect(disruptedUnits(p, [])).toEqual(["kubelet.service", "containerd.service"]);
+  });
+  test("issue 19 item 9: a file a running process reads without a restart disrupts (static pod manifest, hosts.toml, CNI config); others do not", () => {
+    const at = (path: string) => ({ ...write, path });
+    const removed = { kind: "remove" as const, target: { type: "file" as const }, path: "/etc/cni/net.d/10-bridge.conflist", reason: "r" };
+    const p = plan([at("/etc/kubernetes/manifests/kube-apiserver.yaml"), at("/etc/containerd/certs.d/registry.example/hosts.toml"), removed, at("/etc/kubernetes/manifests.bak"), at("/etc/x")]);
+    expect(disruptionOf(p, ["*"])).toEqual({ units: [], paths: ["/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/containerd/certs.d/registry.example/hosts.toml", "/etc/cni/net.d/10-bridge.conflist"] });
   });
 });
