@@ -26,6 +26,8 @@ export type HealthCheckDeps = {
   stuckThresholdMs: number;
   /** ms since boot, for how long a unit has been in its state. */
   sinceBoot(): number;
+  /** The wall clock (ms): kubelet's heartbeats are its readings of this machine's clock. */
+  wallNow?: () => number;
 };
 
 /** One look at the node's health after a change that restarted `units`. */
@@ -48,7 +50,10 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
   if (!node) return { healthy: false, check: "Node: not registered" };
   if (ready?.status !== "True") return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}` };
   if (change.units.includes("kubelet.service")) {
-    const started = (statuses.get("kubelet.service") ?? (await deps.unitStatus("kubelet.service"))).activeEnterTimestamp?.getTime();
+    const kubelet = statuses.get("kubelet.service") ?? (await deps.unitStatus("kubelet.service"));
+    // When kubelet became active, on the wall clock as it reads now (its time since boot taken back from
+    // now): a wall clock stepped back after kubelet started must not make its fresh heartbeats look old.
+    const started = kubelet.stateChangeSinceBootMs !== undefined ? (deps.wallNow ?? Date.now)() - (deps.sinceBoot() - kubelet.stateChangeSinceBootMs) : kubelet.activeEnterTimestamp?.getTime();
     // Heartbeats have whole seconds.
     const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
     if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };

@@ -10,7 +10,9 @@
 import type { V1Lease } from "@kubernetes/client-node";
 import { lastGoodOscPath, NodeRolloutSchema, rolloutStatePath } from "../../api/rollout-state.ts";
 import type { RolloutSettings } from "../../api/rollout.ts";
-import { type BootClockReading, readBootClock } from "../../host/boot-clock.ts";
+import { type BootClockReading, elapsedBetween, readBootClock } from "../../host/boot-clock.ts";
+import { CoreV1Api } from "@kubernetes/client-node";
+import { apiClient } from "../../kube/client.ts";
 import { jsonStore } from "../../host/json-store.ts";
 import { paths } from "../../api/paths.ts";
 import { type LeaseApi, leaseApi, type LeaseWatch } from "../../kube/lease-api.ts";
@@ -22,7 +24,7 @@ import { holdBack } from "../../rollout/hold-back.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
 import { admitted, type Ticket } from "../../rollout/pool.ts";
 import { monotonicMs } from "../../time.ts";
-import { checkHealth } from "../health-gate.ts";
+import { checkHealth, type GateVerdict } from "../health-gate.ts";
 import type { OscWorkDeps } from "../types.ts";
 import { createRolloutReporter } from "./report.ts";
 
@@ -207,18 +209,30 @@ export function startRollout(deps: RolloutDeps): Rollout {
         const cur = (await load()).current;
         if (!cur || cur.phase === "waiting") return;
         if (cur.phase === "failing") return void (await drive({ type: "want", work: cur.work }, settings));
-        const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, settings);
+        // The look that would pass the gate reads the Node from the API server: a node cut off from it (the
+        // change broke its network) keeps a cached Node that still says Ready, and must not pass on that.
+        const decisive = cur.healthySince !== undefined && elapsedBetween(cur.healthySince, bootClock()) >= settings.settleMs;
+        const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, settings, decisive);
         await drive(verdict.healthy ? { type: "look", healthy: true } : { type: "look", healthy: false, check: verdict.check }, settings);
       })
       .catch((err: unknown) => log.warn("a look at the node's health failed", { error: describeError(err) }));
   });
 
-  const look = (units: string[], settings: RolloutSettings) =>
-    checkHealth(
-      { node: () => deps.node.current(), unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs },
+  async function look(units: string[], settings: RolloutSettings, fresh: boolean): Promise<GateVerdict> {
+    let node = deps.node.current();
+    if (fresh && node?.metadata?.name) {
+      try {
+        node = await apiClient(deps.kube, CoreV1Api).readNode({ name: node.metadata.name });
+      } catch (err) {
+        return { healthy: false, check: `the Node as the API server has it: ${describeError(err)}` };
+      }
+    }
+    return checkHealth(
+      { node: () => node, unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs, wallNow: () => wallNow().getTime() },
       settings,
       { units },
     );
+  }
 
   function decision(a: Action, settings: RolloutSettings): Decision {
     switch (a.do) {
