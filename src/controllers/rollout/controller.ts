@@ -110,9 +110,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
         cached = r.state;
       }
       await report.transition(before, r.state, r.action);
-      await syncPool(r.state);
       action = r.action;
-      event = undefined;
+      event = await syncPool(r.state);
+      if (event) continue;
       if (action.do === "record-failure") {
         await requireMember().recordFailure({ revision: action.revision, node: nodeName(), failure: action.check, at: wallNow().toISOString() });
         event = { type: "failure-recorded" };
@@ -153,17 +153,26 @@ export function startRollout(deps: RolloutDeps): Rollout {
    * Makes the pool show what the state says: the request while waiting or holding, nothing once done (the
    * slot given back). Only on a change of that, so a running gate's looks cost the API server nothing.
    */
-  async function syncPool(s: NodeRollout): Promise<void> {
+  async function syncPool(s: NodeRollout): Promise<Event | undefined> {
     const m = member();
-    if (!m) return;
+    if (!m) return undefined;
     const cur = s.current;
     const shown = cur ? `${cur.phase === "waiting" ? "waiting" : "holding"}/${cur.work.revision}` : "idle";
-    if (m.shown === shown) return;
-    if (m.shown === undefined) await m.member.ensureTicket();
+    if (m.shown === shown) return undefined;
+    if (m.shown === undefined) {
+      await m.member.ensureTicket();
+      // A slot this node held before its agent stopped may have been freed meanwhile (an operator deleted its
+      // ticket): the record decides, not what this node remembers.
+      if (cur && cur.phase !== "waiting" && (await m.member.holding()) === undefined) {
+        log.warn("the pool's record no longer shows this node's slot: it was freed while the agent was away", { revision: cur.work.revision });
+        return { type: "slot-lost" };
+      }
+    }
     if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString() }));
     else await m.member.release();
     m.shown = shown;
     m.leader.campaign(cur?.phase === "waiting");
+    return undefined;
   }
 
   /** While the node waits, its ticket is watched for the grant; a ticket deleted under a holder frees it. */
