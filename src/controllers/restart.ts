@@ -123,6 +123,10 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     if (!pool) return askAgain(deps.settingsRetryMs ?? 1000, "the rollout settings are not read yet");
     const disruptive = units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits));
     if (disruptive.length === 0) return "free";
+    // One piece of work at a time per node: an OSC change under way there goes first (offering the restart
+    // now would take its place in the pool's queue, and it would take the restart's back).
+    const busy = (await rollout.state()).current;
+    if (busy && busy.work.kind !== "restart") return askAgain(5_000, `the node's rollout is busy with ${busy.work.kind} work (${busy.phase})`);
     const a = node.metadata?.annotations ?? {};
     const applied = a[effectiveChecksumAnnotation] ?? a["checksum/cloud-config-data"] ?? "";
     const decision = await rollout.offer({

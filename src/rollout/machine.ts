@@ -163,7 +163,11 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
     return { state: { ...s, current: chained }, action: { do: "apply", target: "work" } };
   }
   if (holdBack) return { state: { ...s, current: undefined }, action: { do: "hold", reason: holdBack.reason, message: holdBack.message, retryAfterMs: holdBack.retryAfterMs } };
-  if (!disruptsAny(work) || !ctx.policy.pooled) return { state: { ...s, current: undefined }, action: { do: "apply-free" } };
+  if (!disruptsAny(work) || !ctx.policy.pooled) {
+    // Another piece of work waiting for its slot (a requested restart) keeps its place in the queue.
+    const keep = cur?.phase === "waiting" && cur.work.revision !== work.revision && ctx.policy.pooled ? cur : undefined;
+    return { state: keep || !cur ? s : { ...s, current: undefined }, action: { do: "apply-free" } };
+  }
   if (cur?.phase === "waiting" && cur.work.revision === work.revision) return { state: { ...s, current: { ...cur, work } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
   return { state: { ...s, current: { work, phase: "waiting" } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
 }

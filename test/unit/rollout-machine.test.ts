@@ -63,6 +63,15 @@ describe("admission", () => {
     expect(step(emptyNodeRollout(), { type: "want", work: work({ revision: "r1" }) }, ctx(0, unpooled))).toEqual({ state: emptyNodeRollout(), action: { do: "apply-free" } });
   });
 
+  test("a change that disrupts nothing is applied without taking the place of another piece of work waiting for its slot", () => {
+    const waiting = step(emptyNodeRollout(), { type: "want", work: work({ kind: "restart", revision: "restart/n/x" }) }, ctx(0)).state;
+    const r = step(waiting, { type: "want", work: quiet("r2") }, ctx(1));
+    expect(r).toEqual({ state: waiting, action: { do: "apply-free" } });
+    // The same revision now disrupting nothing (the node got there another way): its request goes.
+    const osc = step(emptyNodeRollout(), { type: "want", work: work({ revision: "r3" }) }, ctx(0)).state;
+    expect(step(osc, { type: "want", work: quiet("r3") }, ctx(1)).state.current).toBeUndefined();
+  });
+
   test("a grant for another revision than the one waited for changes nothing", () => {
     const waiting = step(emptyNodeRollout(), { type: "want", work: work({ revision: "r2" }) }, ctx(0)).state;
     expect(step(waiting, { type: "granted", revision: "r1" }, ctx(1))).toEqual({ state: waiting, action: { do: "nothing" } });

@@ -32,8 +32,10 @@ export function toWeigh(planned: Plan | undefined, progress: Progress | undefine
  */
 export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<Wait | undefined> {
   const disruption = plan ? disruptionOf(plan, settings.disruptiveUnits) : { units: [], paths: [] };
-  // A no-op re-check asks nothing of the rollout, unless it has work of its own under way.
-  if (disruption.units.length === 0 && disruption.paths.length === 0 && (plan?.steps.length ?? 0) === 0 && !(await ctx.deps.rollout.state()).current) return undefined;
+  // A no-op re-check asks nothing of the rollout, unless an OSC's work is under way there (a rollback to
+  // apply, a gate to follow); a requested restart waiting or gating is the restart controller's.
+  const current = (await ctx.deps.rollout.state()).current;
+  if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return undefined;
   const decision = await ctx.deps.rollout.offer({ ...w, disruption });
   if (decision.do === "apply") return decision.target === "last-good" ? rollBack(ctx, w.checksum) : undefined;
   result(ctx, "held", decision.do === "hold" ? decision.message : `OSC ${w.checksum.slice(0, 12)}: the health gate of this node's last change runs`);
