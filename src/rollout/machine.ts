@@ -243,6 +243,9 @@ function failureRecorded(s: NodeRollout, ctx: Ctx): { state: NodeRollout; action
   return { state: { ...s, current: { ...cur, phase: "failed" } }, action: { do: "look" } };
 }
 
-const sameWork = (a: Work, b: Work) => a.revision === b.revision && a.checksum === b.checksum && a.kind === b.kind;
+// Not the kind: the OSC controller offers an OSC it has applied as "drift" (its state says it is current), and
+// that is the same work as the "osc" it was admitted as, not new work to apply under the slot with its gate
+// and timeout started over and its failure no longer the pool's.
+const sameWork = (a: Work, b: Work) => a.revision === b.revision && a.checksum === b.checksum;
 const short = (c: string) => c.slice(0, 12);
 const waitingMessage = (w: Work) => `${w.kind === "osc" ? `OSC ${short(w.checksum)}` : w.kind} restarts ${[...w.disruption.units, ...w.disruption.paths].join(", ")} and waits for a disruption slot`;

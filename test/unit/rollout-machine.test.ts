@@ -160,6 +160,16 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
     expect(r.state.current).toBeUndefined();
   });
 
+  test("the admitted OSC offered again as drift once applied (an agent restart, a Secret annotation changed) is the same work: its gate and timeout go on", () => {
+    const w = work({ revision: "r1" });
+    const gating: NodeRollout = { version: 2, current: { work: w, phase: "gating", since: at(0) } };
+    const r = step(gating, { type: "want", work: { ...w, kind: "drift", disruption: { units: [], paths: [] } } }, ctx(100));
+    expect(r.action).toEqual({ do: "look" });
+    expect(r.state).toBe(gating);
+    const failed = run(gating, [[310, { type: "look", healthy: false, check: "kubelet" }]]);
+    expect(failed.actions).toEqual([{ do: "record-failure", revision: "r1", check: "kubelet" }]);
+  });
+
   test("a disruptive change pushed during the gate is applied under the same slot, its units added to the gate", () => {
     const s = run(admittedState(), [[2, { type: "applied", complete: true }]]).state;
     const r = step(s, { type: "want", work: work({ revision: "r2", disruption: { units: ["containerd.service"], paths: [] } }) }, ctx(10));
