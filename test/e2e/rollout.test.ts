@@ -1,10 +1,11 @@
 // Fleet rollouts with real kubelets: three bare machines brought up by the compiled trellis with the OSC
 // Gardener renders for one pool (test/harness/worker.ts), then the pool's Secret gets a disruption budget
 // of one node, a short settle time and rollback (rollout.trellis.dev/ annotations).
-// - A bad setting is refused on every node, naming it, and nothing changes.
+// - A bad setting is refused on every node, naming it, and nothing changes; a count above the pool's size
+//   is the pool (an autoscaled pool below its count still updates).
 // - A good change of kubelet's configuration walks through the three nodes one at a time: each node's
 //   kubelet restarts only while it holds the one slot, and gives it back only once its Node is Ready
-//   again as the new kubelet reports it (every version of the slot Lease, from a watch).
+//   again as the new kubelet reports it (every version of the pool's record `<secret>-slots`, from a watch).
 // - A change that breaks kubelet (failCgroupV1: true, which kubelet refuses on this cgroup v1 host) stops
 //   at the first node: its gate fails, it rolls back and is Ready again on the last good OSC; the other
 //   two never restart kubelet and say the rollout is stopped; `trellis rollout status` shows it.
@@ -21,14 +22,14 @@ import { Buffer } from "node:buffer";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { parse, stringify } from "yaml";
-import { CoordinationV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease, Watch } from "@kubernetes/client-node";
+import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { pausedLabel, rolloutKeys } from "../../src/api/rollout.ts";
-import { rolloutConditionType } from "../../src/controllers/rollout.ts";
-import { slotPoolLabel } from "../../src/kube/slots.ts";
+import { rolloutConditionType } from "../../src/controllers/rollout/report.ts";
 import { nodeEvents, putOscSecret, readNode, unitProperty, waitApplied } from "../harness/agent.ts";
 import { upstream } from "../harness/bare-node.ts";
 import { trellisBinary } from "../harness/binary.ts";
 import { mirrorHostsToml } from "../harness/kubelet-config.ts";
+import { type HoldPeriod, type PoolRecordWatch, watchPoolRecord } from "../harness/pool-record.ts";
 import { run, runOk, waitFor } from "../harness/exec.ts";
 import { workerOsc } from "../harness/worker-osc.ts";
 import { bringUpWorker, startWorkerWorld, type Worker, type WorkerWorld } from "../harness/worker.ts";
@@ -36,26 +37,17 @@ import { bringUpWorker, startWorkerWorld, type Worker, type WorkerWorld } from "
 let world: WorkerWorld;
 const workers: Worker[] = [];
 const settings = { [rolloutKeys.maxDisrupted]: "1", [rolloutKeys.settleTime]: "5s", [rolloutKeys.healthTimeout]: "40s", [rolloutKeys.rollback]: "true" };
-/** Every version of the pool's slot Leases, with the host's wall clock when it arrived. */
-const versions: { at: number; lease: V1Lease }[] = [];
-let watch: AbortController | undefined;
+/** Every version of the pool's record, with the host's wall clock when it arrived. */
+let pool: PoolRecordWatch | undefined;
 
 beforeAll(async () => {
   world = await startWorkerWorld();
   for (let i = 0; i < 3; i++) workers.push(await bringUpWorker(world, `roll${i}`));
-  const secretName = workers[0]?.secretName as string;
-  watch = await new Watch(world.cluster.admin()).watch(
-    "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
-    { labelSelector: `${slotPoolLabel}=${secretName}` },
-    (_t: string, lease: V1Lease) => {
-      versions.push({ at: Date.now(), lease });
-    },
-    () => {},
-  );
+  pool = watchPoolRecord(world.cluster.admin(), first().secretName);
 }, 600_000);
 
 afterAll(async () => {
-  watch?.abort();
+  pool?.stop();
   for (const w of workers) await w.bare.stop();
   await world?.stop();
 }, 120_000);
@@ -66,20 +58,9 @@ const rendered = async (changes: Parameters<typeof workerOsc>[0] extends infer T
 const kubeletStart = async (w: Worker) => Number(await unitProperty(w.bare.node, "kubelet.service", "ExecMainStartTimestamp").then((t) => Date.parse(t)));
 const rolloutCondition = async (w: Worker) => (await readNode(w.bare)).status?.conditions?.find((c) => c.type === rolloutConditionType);
 
-/** Holder periods of the slot from the watched Lease versions: [node, from, to] in wall-clock ms. */
-function holdPeriods(since: number): [string, number, number][] {
-  const periods: [string, number, number][] = [];
-  let holder = "";
-  let from = 0;
-  for (const { at, lease } of versions.filter((v) => v.at >= since)) {
-    const now = lease.spec?.holderIdentity ?? "";
-    if (now === holder) continue;
-    if (holder) periods.push([holder, from, at]);
-    [holder, from] = [now, at];
-  }
-  if (holder) periods.push([holder, from, Number.POSITIVE_INFINITY]);
-  return periods;
-}
+const record = () => pool as PoolRecordWatch;
+/** Who held the slot since `since`, from the record's watched versions, in wall-clock ms. */
+const holdPeriods = (since: number): HoldPeriod[] => record().holdPeriods(since);
 
 describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, rollback)", () => {
   let goodChecksum = "";
@@ -92,23 +73,16 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
       const e = await waitFor(`${w.bare.name}: OSCInvalid`, async () => (await nodeEvents(w.bare)).find((x) => x.reason === "OSCInvalid" && x.message?.includes(rolloutKeys.windows)), 60_000, 250);
       expect(e.message).toContain('"Europe/Atlantis" is not a time zone');
     }
-    // More nodes than the pool has: a change that needs a slot is refused with a Warning naming the setting.
-    const tooMany = await put(await rendered({ maxPods: 65 }), { ...settings, [rolloutKeys.maxDisrupted]: "4" });
-    for (const w of workers) {
-      const e = await waitFor(`${w.bare.name}: RolloutInvalidSetting`, async () => (await nodeEvents(w.bare)).find((x) => x.reason === "RolloutInvalidSetting"), 60_000, 250);
-      expect(e.type).toBe("Warning");
-      expect(e.message).toContain(`annotation ${rolloutKeys.maxDisrupted}: 4 is more than the pool's 3 node(s)`);
-      expect((await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"]).not.toBe(tooMany);
-    }
     expect(await Promise.all(workers.map(kubeletStart))).toEqual(starts);
+    // More nodes than the pool has: as many as the pool has (an autoscaled pool below its count must still
+    // update), so the change reaches every node.
+    const tooMany = await put(await rendered({ maxPods: 65 }), { ...settings, [rolloutKeys.maxDisrupted]: "4" });
+    for (const w of workers) await waitApplied(w.bare, tooMany, 180_000);
     // Valid settings again: the pool settles on the OSC (rendered as node 0 reaches the API server).
     const settled = await put(osc, settings);
-    for (const w of workers) await waitApplied(w.bare, settled, 120_000);
-    await waitFor("every slot free", async () => {
-      const leases = await world.cluster.admin().makeApiClient(CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotPoolLabel}=${first().secretName}` });
-      return leases.items.every((l) => !l.spec?.holderIdentity) ? true : undefined;
-    }, 120_000, 250);
-  }, 300_000);
+    for (const w of workers) await waitApplied(w.bare, settled, 180_000);
+    await waitFor("every slot free", () => (record().latest().holders.length === 0 ? true : undefined), 120_000, 250);
+  }, 400_000);
 
   test("a good change walks through the pool one node at a time, each slot given back only after the node is Ready again", async () => {
     const since = Date.now();
@@ -118,12 +92,13 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
     // Each gate passes (the last one's release follows its annotation).
     for (const w of workers) await waitFor(`${w.bare.name}: gate passed`, async () => ((await rolloutCondition(w))?.reason === "HealthGatePassed" ? true : undefined), 60_000, 250);
     const periods = holdPeriods(since);
-    expect(periods.map(([n]) => n).sort()).toEqual(workers.map((w) => w.bare.name).sort());
-    for (let i = 1; i < periods.length; i++) expect((periods[i] as [string, number, number])[1]).toBeGreaterThanOrEqual((periods[i - 1] as [string, number, number])[2]);
+    expect(periods.map((p) => p.node).sort()).toEqual(workers.map((w) => w.bare.name).sort());
+    expect(periods.every((p) => p.revision === goodChecksum)).toBe(true);
+    for (let i = 1; i < periods.length; i++) expect((periods[i] as HoldPeriod).from).toBeGreaterThanOrEqual((periods[i - 1] as HoldPeriod).to);
     for (const [i, w] of workers.entries()) {
       const restarted = await kubeletStart(w);
       expect(restarted).toBeGreaterThan(before[i] as number);
-      const [, from, to] = periods.find(([n]) => n === w.bare.name) as [string, number, number];
+      const { from, to } = periods.find((p) => p.node === w.bare.name) as HoldPeriod;
       // kubelet restarted while this node held the slot (1 s: the watch's delivery and the second-precision of systemd's timestamp)…
       expect(restarted).toBeGreaterThanOrEqual(from - 1000);
       expect(restarted).toBeLessThanOrEqual(to);
@@ -145,28 +120,34 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
     const others = workers.filter((w) => w !== failed);
     const gateFailed = (await nodeEvents(failed.bare)).find((e) => e.reason === "RolloutHealthGateFailed");
     expect(gateFailed?.message).toMatch(/kubelet/);
-    expect(gateFailed?.message).toContain("rolling back to the last good OSC");
+    expect(gateFailed?.message).toContain("the failure stops the pool's rollout of this revision");
+    const rolledBack = await waitFor(`${failed.bare.name}: RolloutRolledBack`, async () => (await nodeEvents(failed.bare)).find((e) => e.reason === "RolloutRolledBack"), 60_000, 250);
+    expect(rolledBack.message).toContain(`going back to the last good OSC ${goodChecksum.slice(0, 12)}`);
     // Back on the last good OSC and healthy: its slot is free again.
     await waitFor(`${failed.bare.name} rolled back and healthy`, async () => ((await rolloutCondition(failed))?.reason === "RolledBack" ? true : undefined), 120_000, 250);
     await waitApplied(failed.bare, goodChecksum, 10_000);
     expect((await readNode(failed.bare)).status?.conditions?.find((c) => c.type === "Ready")?.status).toBe("True");
     expect(await unitProperty(failed.bare.node, "kubelet.service", "ActiveState")).toBe("active");
-    // The others hold back: the failure is recorded on the slot.
+    // The others hold back: the failure is on the pool's record.
+    expect(record().latest().failed).toMatchObject({ revision: bad, node: failed.bare.name });
     for (const w of others) {
       await waitFor(`${w.bare.name}: rollout stopped`, async () => ((await rolloutCondition(w))?.reason === "RolloutStopped" ? true : undefined), 120_000, 250);
       expect((await readNode(w.bare)).metadata?.annotations?.["checksum/cloud-config-data"]).toBe(goodChecksum);
       expect(await kubeletStart(w)).toBe(before[workers.indexOf(w)] as number);
     }
-    expect(holdPeriods(since).map(([n]) => n)).toEqual([failed.bare.name]);
+    expect(holdPeriods(since).map((p) => p.node)).toEqual([failed.bare.name]);
 
     // What an operator sees.
     const kubeconfig = world.cluster.adminKubeconfig;
     const report = JSON.parse(await runOk([await trellisBinary(), "rollout", "status", "--secret", first().secretName, "--kubeconfig", kubeconfig, "--json"]));
     expect(report.checksum).toBe(bad);
-    expect(report.slots.stoppedBy.failure).toContain(failed.bare.name);
+    expect(report.slots.stoppedBy).toMatchObject({ node: failed.bare.name, revision: bad });
+    expect(report.slots.stoppedBy.failure).toMatch(/kubelet/);
     expect(report.counts).toMatchObject({ failed: 1, waiting: 2, updated: 0, holding: 0 });
+    // Still saying so when the operator looks (a waiting node asks for the slot again at every reconcile).
+    expect(report.nodes.filter((n: { detail: string }) => n.detail.startsWith("RolloutStopped:")).map((n: { node: string }) => n.node).sort()).toEqual(others.map((w) => w.bare.name).sort());
     const text = await runOk([await trellisBinary(), "rollout", "status", "--secret", first().secretName, "--kubeconfig", kubeconfig]);
-    expect(text).toContain("STOPPED: this OSC failed its health gate");
+    expect(text).toContain(`STOPPED: this revision of the Secret failed its health gate on ${failed.bare.name}`);
     console.log(`trellis rollout status, the bad change stopped:\n${text}`);
   }, 300_000);
 
@@ -227,13 +208,13 @@ describe("fleet rollouts on three real kubelets (max-disrupted 1, settle 5 s, ro
       return now.every((t, i) => t > (before[i] as number)) ? now : undefined;
     }, 180_000, 250);
     const periods = holdPeriods(since);
-    expect(periods.map(([n]) => n).sort()).toEqual([a.bare.name, b.bare.name].sort());
-    const [firstHold, secondHold] = periods as [[string, number, number], [string, number, number]];
-    const second = after[[a, b].findIndex((w) => w.bare.name === secondHold[0])] as number;
+    expect(periods.map((p) => p.node).sort()).toEqual([a.bare.name, b.bare.name].sort());
+    const [firstHold, secondHold] = periods as [HoldPeriod, HoldPeriod];
+    const second = after[[a, b].findIndex((w) => w.bare.name === secondHold.node)] as number;
     // The second kubelet restarted only after the first node gave the slot back (its gate passed: ≥ the settle time).
-    expect(second).toBeGreaterThanOrEqual(firstHold[2] - 1000);
-    expect(firstHold[2] - firstHold[1]).toBeGreaterThanOrEqual(5000);
-    await waitFor("the slot given back", async () => (holdPeriods(since).at(-1)?.[2] !== Number.POSITIVE_INFINITY ? true : undefined), 60_000, 250);
+    expect(second).toBeGreaterThanOrEqual(firstHold.to - 1000);
+    expect(firstHold.to - firstHold.from).toBeGreaterThanOrEqual(5000);
+    await waitFor("the slot given back", () => (holdPeriods(since).at(-1)?.to !== Number.POSITIVE_INFINITY ? true : undefined), 60_000, 250);
   }, 300_000);
 
   test("an overlay changes kubelet's configuration only on the nodes its selector picks, and follows their labels; `trellis plan` names each entry's layer", async () => {
