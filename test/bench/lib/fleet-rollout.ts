@@ -1,22 +1,23 @@
 // bench:fleet's rollout mode (`bun run bench:fleet -- --mode rollout`): the fleet's pool gets a disruption
 // budget (k = 1, 5, 10 % of the nodes in turn; settle 3 s, health timeout 15 s, rollback), and for each k a
 // good change (one unit restarts on every node) and a bad one (that unit fails to start) roll out. Every
-// version of every slot Lease is recorded from a watch, and every node's unit start times from the unit
-// itself, so the number of nodes disrupted at every instant is known: from a node's restart of the unit
-// until it gives its slot back. During the last good rollout one slot holder's agent is killed (-9) and
-// another holder's node is powered off.
+// version of the pool's record (the Lease `<secret>-slots`: who holds a slot, and the revision that failed)
+// is recorded from a watch, and every node's unit start times from the unit itself, so the number of nodes
+// disrupted at every instant is known: from a node's restart of the unit until it gives its slot back.
+// During the last good rollout one slot holder's agent is killed (-9) and another holder's node is powered
+// off.
 //
 // Ready: fifty kubelets do not fit on two cores, so the harness plays kubelet's part for the Node's Ready
 // condition: a heartbeat every 10 s for every running node, and Unknown (as the node lifecycle controller
 // sets it after its grace period) for a node powered off. Everything else is real: the agents, systemd,
 // the units, the API server, the Leases.
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease, Watch } from "@kubernetes/client-node";
+import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { sha256Hex } from "../../../src/api/desired.ts";
 import { rolloutKeys } from "../../../src/api/rollout.ts";
-import { slotChecksumAnnotation, slotFailedChecksumAnnotation, slotPoolLabel } from "../../../src/kube/slots.ts";
 import { type AgentNode, mainPid } from "../../harness/agent.ts";
 import type { Cluster } from "../../harness/cluster.ts";
 import { waitFor } from "../../harness/exec.ts";
+import { watchPoolRecord } from "../../harness/pool-record.ts";
 import { type OscShape, oscYaml, secretBody, startedFile, starts } from "./bench-osc.ts";
 import { type Hold, overlap, type Phase, type RolloutPicture } from "./rollout-svg.ts";
 import { median, round } from "./stats.ts";
@@ -36,8 +37,6 @@ export type ScenarioResult = {
   idealS?: number;
   notes: string[];
 };
-
-type LeaseVersion = { at: number; slot: string; holder: string; checksum: string; failed: string };
 
 export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; secretName: string; shape: OscShape; progress: (m: string) => void }): Promise<{ scenarios: ScenarioResult[]; picture: RolloutPicture }> {
   const { cluster, agents, secretName, shape, progress } = o;
@@ -60,16 +59,8 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
   await beat();
   const heartbeats = setInterval(() => void beat(), 10_000);
 
-  // ---- every version of every slot Lease
-  const versions: LeaseVersion[] = [];
-  const watch = await new Watch(cluster.admin()).watch(
-    "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
-    { labelSelector: `${slotPoolLabel}=${secretName}` },
-    (_t: string, l: V1Lease) => {
-      versions.push({ at: Date.now(), slot: l.metadata?.name ?? "", holder: l.spec?.holderIdentity ?? "", checksum: l.metadata?.annotations?.[slotChecksumAnnotation] ?? "", failed: l.metadata?.annotations?.[slotFailedChecksumAnnotation] ?? "" });
-    },
-    () => {},
-  );
+  // ---- every version of the pool's record
+  const pool = watchPoolRecord(cluster.admin(), secretName);
 
   const annotated = async (checksum: string) => (await core.listNode()).items.filter((x) => x.metadata?.annotations?.["checksum/cloud-config-data"] === checksum).map((x) => x.metadata?.name as string);
   const put = (text: string, annotations: Record<string, string>) => {
@@ -77,31 +68,10 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
     body.metadata = { ...body.metadata, annotations: { ...body.metadata?.annotations, ...annotations } };
     return core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body });
   };
-  /** Slot hold periods from the recorded versions between `from` and `to`. */
-  const holdsBetween = (from: number, to: number): (Hold & { checksum: string })[] => {
-    const holds: (Hold & { checksum: string })[] = [];
-    const open = new Map<string, { node: string; from: number; checksum: string }>();
-    for (const v of versions.filter((x) => x.at <= to)) {
-      const cur = open.get(v.slot);
-      if (cur && cur.node !== v.holder) {
-        if (v.at >= from) holds.push({ node: cur.node, from: Math.max(cur.from, from), to: v.at, outcome: "passed", checksum: cur.checksum });
-        open.delete(v.slot);
-      }
-      if (v.holder && !open.has(v.slot)) open.set(v.slot, { node: v.holder, from: v.at, checksum: v.checksum });
-      else if (v.holder && cur) cur.checksum = v.checksum;
-    }
-    for (const cur of open.values()) holds.push({ node: cur.node, from: Math.max(cur.from, from), to, outcome: "held", checksum: cur.checksum });
-    return holds.sort((a, b) => a.from - b.from);
-  };
-  const maxHolders = (from: number, to: number) => {
-    const current = new Map<string, string>();
-    let max = 0;
-    for (const v of versions.filter((x) => x.at <= to)) {
-      current.set(v.slot, v.holder);
-      if (v.at >= from) max = Math.max(max, [...current.values()].filter(Boolean).length);
-    }
-    return max;
-  };
+  /** Slot hold periods between `from` and `to`, each with the revision it was admitted for; one still held ends at `to`. */
+  const holdsBetween = (from: number, to: number): (Hold & { checksum: string })[] =>
+    pool.holdPeriods(from, to).map((p) => (p.to <= to ? { node: p.node, from: p.from, to: p.to, outcome: "passed" as const, checksum: p.revision } : { node: p.node, from: p.from, to, outcome: "held" as const, checksum: p.revision }));
+  const maxHolders = (from: number, to: number) => pool.maxHolders(from, to);
   const byName = new Map(agents.map((a) => [a.name, a]));
   const restartsOf = async (unit: number, since: number) => {
     const out: { node: string; at: number }[] = [];
@@ -134,7 +104,7 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
       if (chaos) notes.push(...(await chaosDuringRollout()));
       await waitFor(`every running node on ${checksum.slice(0, 12)} with its slot given back`, async () => {
         const done = new Set(await annotated(checksum));
-        const holding = versions.length ? holdsBetween(t0, Date.now()).filter((h) => h.outcome === "held" && alive.has(h.node)).length : 0;
+        const holding = holdsBetween(t0, Date.now()).filter((h) => h.outcome === "held" && alive.has(h.node)).length;
         return [...alive].every((a) => done.has(a)) && holding === 0 ? true : undefined;
       }, 60_000 + Math.ceil(n / k) * 20_000, 1000);
       const t1 = Date.now();
@@ -165,12 +135,14 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
       const b0 = Date.now();
       progress(`k=${budget} (${k}): bad change ${badChecksum.slice(0, 12)} (bench-u${String(badUnit).padStart(2, "0")} exits 1)`);
       await put(bad, settings);
-      // Stopped: the failure is on a slot, every slot is given back (rolled back), and nothing moves for 15 s.
+      // Stopped: the failure is on the record, every slot is given back (rolled back), and nothing moves for 15 s.
       await waitFor("the bad change stopped and rolled back", async () => {
         const now = Date.now();
-        const failedOn = versions.some((v) => v.at >= b0 && v.failed === badChecksum);
+        const since = pool.versions().filter((v) => v.at >= b0);
+        // Without overlays the Secret's revision is osc.yaml's checksum.
+        const failedOn = since.some((v) => v.record.failed?.revision === badChecksum);
         const held = holdsBetween(b0, now).filter((h) => h.outcome === "held" && alive.has(h.node));
-        const quietSince = Math.max(b0, ...versions.filter((v) => v.at >= b0).map((v) => v.at));
+        const quietSince = Math.max(b0, ...since.map((v) => v.at));
         return failedOn && held.length === 0 && now - quietSince > 15_000 ? true : undefined;
       }, 300_000, 1000);
       const b1 = Date.now();
@@ -186,14 +158,14 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
         maxConcurrentSlotHolders: maxHolders(b0, b1),
         maxConcurrentlyDisrupted: overlap(badDisrupted).max,
         nodesTouched: touched.size,
-        notes: [`took a slot for the bad change: ${[...touched].join(", ")}; the others were refused (failure recorded on the slot) and kept the good OSC; the failed nodes rolled back`],
+        notes: [`took a slot for the bad change: ${[...touched].join(", ")}; the others were refused (the failure on the pool's record) and kept the good OSC; the failed nodes rolled back`],
       });
       progress(`  ${JSON.stringify(scenarios.at(-1))}`);
       record(`k=${budget} bad`, k, b0, b1, badHolds, badRestarts, badDisrupted);
     }
   } finally {
     clearInterval(heartbeats);
-    watch.abort();
+    pool.stop();
   }
   const series = overlap(disruptedIntervals).series;
   return { scenarios, picture: { nodes: agents.map((a) => a.name), holds: allHolds, restarts: allRestarts, disrupted: series, phases } };
@@ -214,10 +186,8 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
 
   /** Once two nodes hold slots: kill one holder's agent with -9, power the other holder's node off. */
   async function chaosDuringRollout(): Promise<string[]> {
-    const holders = await waitFor("two slot holders", async () => {
-      const now = new Map<string, string>();
-      for (const v of versions) now.set(v.slot, v.holder);
-      const names = [...new Set([...now.values()].filter((h) => h && alive.has(h)))];
+    const holders = await waitFor("two slot holders", () => {
+      const names = pool.latest().holders.map((h) => h.node).filter((h) => alive.has(h));
       return names.length >= 2 ? names : undefined;
     }, 120_000, 100);
     const [killed, powered] = holders as [string, string];
@@ -230,7 +200,7 @@ export async function rolloutMode(o: { cluster: Cluster; agents: AgentNode[]; se
     await setReady(powered, "Unknown");
     return [
       `${killed}: its agent was killed with -9 while holding a slot (systemd started it again; it went on with its gate and the same slot)`,
-      `${powered}: powered off while holding a slot; its Node set Ready=Unknown; the slot stays taken (not reclaimed: the holder is not back Ready with its change), the rollout goes on with k-1 slots`,
+      `${powered}: powered off while holding a slot; its Node set Ready=Unknown; the slot stays taken (a holder keeps its slot until its Node is deleted), the rollout goes on with k-1 slots`,
     ];
   }
 }
