@@ -169,7 +169,13 @@ export function startRollout(deps: RolloutDeps): Rollout {
       }
     }
     if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString() }));
-    else await m.member.release();
+    else {
+      await m.member.release();
+      // Nothing to wait or hold for: the ticket is not watched (a node without a rollout costs the API server nothing).
+      const watch = m.ticket;
+      m.ticket = undefined;
+      await watch?.stop();
+    }
     m.shown = shown;
     m.leader.campaign(cur?.phase === "waiting");
     return undefined;
