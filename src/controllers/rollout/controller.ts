@@ -172,9 +172,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
     else {
       await m.member.release();
       // Nothing to wait or hold for: the ticket is not watched (a node without a rollout costs the API server nothing).
-      const watch = m.ticket;
+      // Not awaited: this may run inside that watch's own handler (a grant, a deleted ticket), which its stop waits for.
+      void m.ticket?.stop();
       m.ticket = undefined;
-      await watch?.stop();
     }
     m.shown = shown;
     m.leader.campaign(cur?.phase === "waiting");
