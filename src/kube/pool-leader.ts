@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, grantAnnotation, grantsOwed, leaderLeaseName, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, grantAnnotation, grantsOwed, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import { microTime } from "./micro-time.ts";
@@ -221,6 +221,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       admitted = d.admit;
       let next = d.drop.length > 0 ? withoutHolders(record, d.drop) : record;
       for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at);
+      for (const h of movesOwed(next, l.tickets)) next = withHolder(next, h.node, h.revision, at);
       if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
       if (next === record && record.poolSize === l.tickets.size) return undefined;
       return slotsLeaseBody(ref.secret, current, { ...next, poolSize: l.tickets.size });

@@ -131,6 +131,19 @@ export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>,
   return { admit: waiting.slice(0, free), drop };
 }
 
+/**
+ * Holders whose ticket asks for another revision than the record holds them for, moved on to it under the
+ * slot they hold: the leader admitted a request the node had replaced meanwhile (its view of the ticket was
+ * behind), and the node waits for a grant of what it asks now, which no admission gives a holder; or the
+ * node applied newer work under its slot. Never on to a revision that failed: that is admitted nowhere.
+ */
+export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
+  return record.holders.flatMap((h) => {
+    const asked = tickets.get(h.node)?.request?.revision;
+    return asked !== undefined && asked !== h.revision && asked !== record.failed?.revision ? [{ ...h, revision: asked }] : [];
+  });
+}
+
 /** Holders whose ticket does not show their grant (the leader stopped between the two writes): granted again. */
 export function grantsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.filter((h) => {

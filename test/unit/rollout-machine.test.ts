@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, encodePool, grantsOwed, type PoolRecord, stopsOwed, type Ticket, withHolder } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, encodePool, grantsOwed, movesOwed, type PoolRecord, stopsOwed, type Ticket, withHolder } from "../../src/rollout/pool.ts";
 
 const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
@@ -263,6 +263,14 @@ describe("the pool's decisions", () => {
     const ts = tickets(t("a", "r1"), t("b", "r1"), t("c", "r2"));
     expect(decide(rec, ts, 3).admit.map((x) => x.node)).toEqual(["c"]);
     expect(stopsOwed(rec, ts).map((x) => x.node)).toEqual(["b"]);
+  });
+
+  test("a holder whose ticket asks for another revision (admitted on a request it had replaced) moves on to it and is granted it; never on to a failed one", () => {
+    const record: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t0" }], failed: { revision: "r3", node: "c", failure: "x", at: "t1" } };
+    expect(movesOwed(record, tickets(t("a", "r2")))).toEqual([{ node: "a", revision: "r2", since: "t0" }]);
+    expect(grantsOwed(withHolder(record, "a", "r2", "t2"), tickets(t("a", "r2")))).toEqual([{ node: "a", revision: "r2", since: "t0" }]);
+    expect(movesOwed(record, tickets(t("a", "r1")))).toEqual([]);
+    expect(movesOwed(record, tickets(t("a", "r3")))).toEqual([]);
   });
 
   test("a grant lost between the record and the ticket is owed again", () => {
