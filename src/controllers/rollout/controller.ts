@@ -221,8 +221,11 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!settings || stopped) return;
     await writer
       .run(async () => {
-        const cur = (await load()).current;
-        if (!cur || cur.phase === "waiting") return;
+        const s = await load();
+        const cur = s.current;
+        // A write to the pool that failed (the API server out of reach) is made good here, not at the node's
+        // next event, which may never come: a slot given back in the state but not on the record is held for ever.
+        if (!cur || cur.phase === "waiting") return void (await syncPool(s));
         if (cur.phase === "failing") return void (await drive({ type: "want", work: cur.work }, settings));
         // The look that would pass the gate reads the Node from the API server: a node cut off from it (the
         // change broke its network) keeps a cached Node that still says Ready, and must not pass on that.
