@@ -19,7 +19,7 @@ import { type LeaseApi, leaseApi, type LeaseWatch } from "../../kube/lease-api.t
 import { type PoolLeader, startPoolLeader } from "../../kube/pool-leader.ts";
 import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.ts";
 import { describeError } from "../../log.ts";
-import { every, type Loop, serializer } from "../../loops.ts";
+import { every, later, type Loop, serializer } from "../../loops.ts";
 import { holdBack } from "../../rollout/hold-back.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
 import { admitted, type Ticket } from "../../rollout/pool.ts";
@@ -55,6 +55,9 @@ export type Rollout = {
   onChange(listener: () => void): () => void;
   stop(): Promise<void>;
 };
+
+/** How soon a change of the node's ticket whose handling failed is read and handled again. */
+const ticketRetryMs = 5_000;
 
 export type RolloutDeps = OscWorkDeps & {
   stuckThresholdMs: number;
@@ -184,26 +187,43 @@ export function startRollout(deps: RolloutDeps): Rollout {
   /** While the node waits, its ticket is watched for the grant; a ticket deleted under a holder frees it. */
   function watchTicket(m: NonNullable<typeof membership>, ticket: Ticket | undefined): void {
     if (m.ticket || !ticket) return;
-    m.ticket = api.watch({ name: m.member.ticketName }, async (e) => {
-      const settings = pool?.settings;
-      if (!settings || stopped) return;
-      const t = e.type === "DELETED" ? undefined : readTicket(e.object as V1Lease, `Lease kube-system/${m.member.ticketName}`);
-      await writer.run(async () => {
-        const cur = (await load()).current;
-        if (!cur) return;
-        if (cur.phase === "waiting" && admitted(t) && t?.grant?.revision === cur.work.revision) {
-          // The record decides, not the ticket: any agent of the pool may write a grant, only an admission is counted.
-          const holding = await m.member.holding();
-          if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
-          await drive({ type: "granted", revision: cur.work.revision }, settings);
-          changed();
-        } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
-          await report.stopped(cur.work, t.grant.stopped);
-        } else if (e.type === "DELETED" && cur.phase !== "waiting") {
-          log.warn("the node's ticket was deleted while it held a slot: the slot is freed", { ticket: m.member.ticketName });
-          await drive({ type: "slot-lost" }, settings);
-        }
-      }).catch((err: unknown) => log.warn("handling the ticket's change failed", { error: describeError(err) }));
+    m.ticket = api.watch({ name: m.member.ticketName }, (e) => onTicket(m, e.type === "DELETED" ? undefined : (e.object as V1Lease)));
+  }
+
+  // The watch hands each change of the ticket over once: a grant whose handling failed (the record out of reach
+  // to check it) would be lost, and the node would wait for ever with its slot taken. Read again until handled.
+  const ticketRetry = later(() => {
+    const m = membership;
+    if (!m?.ticket || stopped) return;
+    void api.get(m.member.ticketName).then(
+      (lease) => onTicket(m, lease),
+      () => ticketRetry.in(ticketRetryMs),
+    );
+  });
+
+  /** The node's ticket as it is now (undefined: deleted). */
+  async function onTicket(m: NonNullable<typeof membership>, lease: V1Lease | undefined): Promise<void> {
+    const settings = pool?.settings;
+    if (!settings || stopped) return;
+    const t = lease ? readTicket(lease, `Lease kube-system/${m.member.ticketName}`) : undefined;
+    await writer.run(async () => {
+      const cur = (await load()).current;
+      if (!cur) return;
+      if (cur.phase === "waiting" && admitted(t) && t?.grant?.revision === cur.work.revision) {
+        // The record decides, not the ticket: any agent of the pool may write a grant, only an admission is counted.
+        const holding = await m.member.holding();
+        if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
+        await drive({ type: "granted", revision: cur.work.revision }, settings);
+        changed();
+      } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
+        await report.stopped(cur.work, t.grant.stopped);
+      } else if (!lease && cur.phase !== "waiting") {
+        log.warn("the node's ticket was deleted while it held a slot: the slot is freed", { ticket: m.member.ticketName });
+        await drive({ type: "slot-lost" }, settings);
+      }
+    }).catch((err: unknown) => {
+      log.warn("handling the ticket's change failed; reading it again", { error: describeError(err) });
+      ticketRetry.in(ticketRetryMs);
     });
   }
 
@@ -307,6 +327,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     },
     async stop() {
       stopped = true;
+      ticketRetry.cancel();
       await looks.stop();
       await writer.idle();
       await membership?.leader.stop();
