@@ -199,7 +199,9 @@ function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: st
     return timedOut(cur, ctx) ? fail(s, cur) : { state: s, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
   }
   if (e.healthy) {
-    const since = cur.healthySince ?? ctx.now;
+    // Healthy without a break since then only within one boot: a machine that booted again was down between
+    // the two looks (nobody looked while it was), so its settle time starts over.
+    const since = cur.healthySince?.bootId === ctx.now.bootId ? cur.healthySince : ctx.now;
     // A failed node that recovers by itself gives its slot back too; the pool's record of the failure stays.
     if (elapsedBetween(since, ctx.now) >= ctx.policy.settleMs) return pass(s, cur, ctx);
     return { state: { ...s, current: { ...cur, healthySince: since } }, action: { do: "look" } };

@@ -126,6 +126,13 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
     expect(done.state.lastGood).toBeUndefined();
   });
 
+  test("a machine that boots again starts its settle time over: nobody looked while it was down", () => {
+    const s: NodeRollout = { version: 2, current: { work: work({ revision: "r1" }), phase: "gating", since: at(0), healthySince: at(10) } };
+    const r = step(s, { type: "look", healthy: true }, { ...ctx(0), now: at(100, "b2") });
+    expect(r.action).toEqual({ do: "look" });
+    expect(r.state.current?.healthySince).toEqual(at(100, "b2"));
+  });
+
   test("item 8: a crash loop does not start the gate's timeout over (boot clock)", () => {
     const s = run(admittedState(), [[2, { type: "applied", complete: true }]]).state;
     const r = run(s, [
