@@ -54,7 +54,8 @@ type Resolved = {
 };
 
 /** What the gates decided: the plan to apply (undefined: resume this OSC's unfinished one) and the serial lease held, if any. */
-type Passed = { gates: Gates; identity: string; planned?: { plan: Plan; owned: Owned }; gate?: SerialGate };
+/** `admitted`: the apply runs on the rollout's word (src/controllers/rollout), which hears how it ended. */
+type Passed = { gates: Gates; identity: string; admitted: boolean; planned?: { plan: Plan; owned: Owned }; gate?: SerialGate };
 
 export async function reconcile(ctx: OscContext, why: string): Promise<Wait> {
   ctx.state.status.reconciles++;
@@ -171,10 +172,12 @@ async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait:
   // resumes its persisted plan; the rollout state keeps what its admission weighed).
   const planned = r.state.progress?.checksum === checksum ? undefined : await planForNode({ desired: r.desired, checksum, owned: r.state.owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });
   const inPlaceUpdate = hasInPlaceChanges(r.inPlaceWork);
+  let admitted = false;
   if (gates.admit) {
     const kind = inPlaceUpdate ? "in-place" : gates.kind === "current" ? "drift" : "osc";
-    const wait = await admit(ctx, { checksum, base: r.base, revision: r.layered.revision, kind }, toWeigh(planned?.plan, r.state.progress, checksum), r.settings);
-    if (wait) return { wait };
+    const admission = await admit(ctx, { checksum, base: r.base, revision: r.layered.revision, kind }, toWeigh(planned?.plan, r.state.progress, checksum), r.settings);
+    if ("wait" in admission) return admission;
+    admitted = admission.admitted;
   }
   if (inPlaceUpdate) await ctx.inPlace.begin(checksum, r.inPlaceWork);
   if (gates.kind === "current" && !ctx.state.leftoverLeaseChecked && serial) {
@@ -192,7 +195,7 @@ async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait:
       return { wait: { atMs: ctx.now() + decision.retryAfterMs * (0.5 + Math.random() / 2), why: "serial lease may be free" } };
     }
   }
-  return { gates, identity, ...(planned ? { planned } : {}), ...(gate ? { gate } : {}) };
+  return { gates, identity, admitted, ...(planned ? { planned } : {}), ...(gate ? { gate } : {}) };
 }
 
 async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStart: ReturnType<typeof process.cpuUsage>): Promise<Wait> {
@@ -219,7 +222,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     const error = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
     result(ctx, "failed", error);
     // Under its admission the retry stays gated, and the gate's timeout runs on (a unit that never comes up fails it).
-    if (p.gates.admit) await deps.rollout.applied({ complete: false, error });
+    if (p.admitted) await deps.rollout.applied({ complete: false, error });
     // The hold first: an agent killed while it reports must not lose it.
     const hold = gate ? holdAfterFailure((await serialState(ctx)).hold, checksum, startedBoot, error) : undefined;
     if (hold) await saveSerial(ctx, { ...(await serialState(ctx)), hold });
@@ -235,7 +238,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     if (wait) return wait;
   }
   // The gate starts now; it runs in the rollout controller, which says when a rollback is to be applied.
-  if (p.gates.admit) await deps.rollout.applied({ complete: true });
+  if (p.admitted) await deps.rollout.applied({ complete: true });
   ctx.state.failures = 0;
   const held = await serialState(ctx);
   if (held.hold || held.gaveUp) await saveSerial(ctx, { version: 1 });

@@ -27,19 +27,21 @@ export function toWeigh(planned: Plan | undefined, progress: Progress | undefine
 }
 
 /**
- * What the node's rollout says of this OSC's apply: undefined to apply it now, else the wait (held back,
- * waiting for a slot, its gate running) — or the rollback the rollout asks for first.
+ * What the node's rollout says of this OSC's apply: apply it now (`admitted`: on the rollout's word, which
+ * then hears how the apply ended; else without asking it), or the wait (held back, waiting for a slot, its
+ * gate running) — or the rollback the rollout asks for first.
  */
-export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<Wait | undefined> {
+export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<{ admitted: boolean } | { wait: Wait }> {
   const disruption = plan ? disruptionOf(plan, settings.disruptiveUnits) : { units: [], paths: [] };
   // A no-op re-check asks nothing of the rollout, unless an OSC's work is under way there (a rollback to
-  // apply, a gate to follow); a requested restart waiting or gating is the restart controller's.
+  // apply, a gate to follow); a requested restart waiting or gating is the restart controller's, and the
+  // end of an apply the rollout was not asked about must not pass for the end of that restart's apply.
   const current = (await ctx.deps.rollout.state()).current;
-  if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return undefined;
+  if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
   const decision = await ctx.deps.rollout.offer({ ...w, disruption });
-  if (decision.do === "apply") return decision.target === "last-good" ? rollBack(ctx, w.checksum) : undefined;
+  if (decision.do === "apply") return decision.target === "last-good" ? { wait: await rollBack(ctx, w.checksum) } : { admitted: true };
   result(ctx, "held", decision.do === "hold" ? decision.message : `OSC ${w.checksum.slice(0, 12)}: the health gate of this node's last change runs`);
-  return decision.do === "hold" ? { atMs: ctx.now() + decision.retryAfterMs, why: decision.reason } : periodic(ctx);
+  return { wait: decision.do === "hold" ? { atMs: ctx.now() + decision.retryAfterMs, why: decision.reason } : periodic(ctx) };
 }
 
 /** Applies the node's last good OSC again after `failed` failed its gate (under the same slot; its gate follows). */
