@@ -53,8 +53,10 @@ type Resolved = {
   settings: RolloutSettings;
 };
 
-/** What the gates decided: the plan to apply (undefined: resume this OSC's unfinished one) and the serial lease held, if any. */
-/** `admitted`: the apply runs on the rollout's word (src/controllers/rollout), which hears how it ended. */
+/**
+ * What the gates decided: the plan to apply (undefined: resume this OSC's unfinished one), the serial lease
+ * held, if any, and whether the apply runs on the rollout's word (`admitted`: the rollout hears how it ended).
+ */
 type Passed = { gates: Gates; identity: string; admitted: boolean; planned?: { plan: Plan; owned: Owned }; gate?: SerialGate };
 
 export async function reconcile(ctx: OscContext, why: string): Promise<Wait> {
