@@ -3,7 +3,9 @@
 // read; nothing here lists the pool.
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
+import type { Budget } from "../api/rollout.ts";
 import {
+  budgetSlots,
   decodePool,
   decodeTicket,
   encodePool,
@@ -103,9 +105,10 @@ export type PoolMember = {
   holding(): Promise<Holder | undefined>;
   /**
    * Moves the slot this node holds on to `revision` (work applied under it). Refused when that revision
-   * failed its gate elsewhere, or when the node no longer holds a slot (an operator freed it).
+   * failed its gate elsewhere, when the node no longer holds a slot (an operator freed it), or, given the
+   * budget, while more nodes hold slots than it allows (k lowered, the pool shrank).
    */
-  moveOn(revision: string, at: string): Promise<{ ok: true } | { ok: false; stopped?: Failure }>;
+  moveOn(revision: string, at: string, budget?: Budget): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
   /** Withdraws the ticket's request and gives the slot back. */
@@ -159,8 +162,8 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
     async holding() {
       return readPool(await api.get(slots), source).holders.find((h) => h.node === ref.node.name);
     },
-    async moveOn(revision, at) {
-      let outcome: { ok: true } | { ok: false; stopped?: Failure } = { ok: true };
+    async moveOn(revision, at, budget) {
+      let outcome: { ok: true } | { ok: false; stopped?: Failure; overBudget?: true } = { ok: true };
       await updatePool((record) => {
         const mine = record.holders.find((h) => h.node === ref.node.name);
         if (record.failed?.revision === revision) {
@@ -169,6 +172,11 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
         }
         if (!mine) {
           outcome = { ok: false };
+          return undefined;
+        }
+        // The pool's size as the leader last counted it (without a count yet, as few nodes as hold slots).
+        if (budget && mine.revision !== revision && record.holders.length > budgetSlots(budget, record.poolSize ?? record.holders.length)) {
+          outcome = { ok: false, overBudget: true };
           return undefined;
         }
         outcome = { ok: true };

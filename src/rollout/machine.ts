@@ -79,7 +79,7 @@ export const emptyNodeRollout = (): NodeRollout => ({ version: 2 });
 export type GatePolicy = { pooled: boolean; settleMs: number; healthTimeoutMs: number; rollback: boolean };
 
 /** Why work is held back before it asks the pool (kured's blockers: one type per reason). */
-export type HoldBack = { reason: "Paused" | "NotSelected" | "OutsideMaintenanceWindow" | "Blocked"; message: string; retryAfterMs: number };
+export type HoldBack = { reason: "Paused" | "NotSelected" | "OutsideMaintenanceWindow" | "Blocked" | "WaitingForSlot" | "RolloutStopped"; message: string; retryAfterMs: number };
 
 export type Event =
   /** The controller found this work to do (each reconcile: level-triggered). `holdBack`: a blocker it found. */

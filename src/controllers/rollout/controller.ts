@@ -21,7 +21,7 @@ import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.
 import { describeError } from "../../log.ts";
 import { every, later, type Loop, serializer } from "../../loops.ts";
 import { holdBack } from "../../rollout/hold-back.ts";
-import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
+import { type Action, type Ctx, emptyNodeRollout, type Event, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
 import { admitted, type Ticket } from "../../rollout/pool.ts";
 import { monotonicMs } from "../../time.ts";
 import { checkHealth, type GateVerdict } from "../health-gate.ts";
@@ -272,6 +272,26 @@ export function startRollout(deps: RolloutDeps): Rollout {
     );
   }
 
+  /**
+   * New work while the node holds its slot is applied under it only once the record moved the slot on to it:
+   * never to a revision that failed its gate elsewhere, nor while more nodes hold slots than k allows now (k
+   * lowered, the pool shrank) — unless the node failed its gate and is disrupted anyway. Else the work waits
+   * for the gate of what the node did, and then asks the pool as any other.
+   */
+  async function slotMovesOn(work: Work, what: string, settings: RolloutSettings): Promise<HoldBack | undefined> {
+    const s = await load();
+    const cur = s.current;
+    const m = member();
+    if (!m || !cur || cur.phase === "waiting") return undefined;
+    const r = step(s, { type: "want", work }, ctx(settings));
+    if (r.action.do !== "apply" || r.action.target !== "work" || r.state.current === cur) return undefined;
+    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget);
+    if (moved.ok) return undefined;
+    const retryAfterMs = Math.min(60_000, settings.settleMs || 60_000);
+    if (moved.stopped) return { reason: "RolloutStopped", message: `${what} failed its health gate on ${moved.stopped.node} (${moved.stopped.failure}): not applied under this node's slot`, retryAfterMs };
+    return { reason: "WaitingForSlot", message: `${what} waits for the gate of this node's last change: ${moved.overBudget ? "more nodes hold disruption slots than the budget allows now" : "the pool's record no longer shows this node's slot"}`, retryAfterMs };
+  }
+
   function decision(a: Action, settings: RolloutSettings): Decision {
     switch (a.do) {
       case "apply":
@@ -305,7 +325,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
         if (!settings) throw new Error("no rollout settings yet: the OSC controller has not read the pool's Secret");
         const labels = deps.node.current()?.metadata?.labels ?? {};
         const what = work.kind === "osc" ? `OSC ${work.checksum.slice(0, 12)}` : `${work.kind} ${work.revision}`;
-        const blocker = holdBack({ what, labels, settings, disrupts: [...work.disruption.units, ...work.disruption.paths], now: wallNow() });
+        const blocker = holdBack({ what, labels, settings, disrupts: [...work.disruption.units, ...work.disruption.paths], now: wallNow() }) ?? (await slotMovesOn(work, what, settings));
         return decision(await drive({ type: "want", work, ...(blocker ? { holdBack: blocker } : {}) }, settings), settings);
       }),
     applied: (outcome) =>
