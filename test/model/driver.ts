@@ -6,7 +6,7 @@
 // never from what an agent claims; the one thing a driver tells the world is how to read "who holds a
 // disruption slot" from the API's objects (its protocol's representation), so that a dead machine that
 // still holds one counts as disrupted.
-import type { V1Node } from "@kubernetes/client-node";
+import type { V1Lease, V1Node } from "@kubernetes/client-node";
 import type { StateStore } from "../../src/apply/state-store.ts";
 import type { Files } from "../../src/host/files.ts";
 import type { Systemd } from "../../src/host/systemd.ts";
@@ -39,6 +39,8 @@ export type SecretSeen = {
   uid: string;
   /** The model's revision number, for traces only. */
   revision: number;
+  /** The revision as an agent computes it from the Secret: sha256 over osc.yaml and every overlay. */
+  revisionChecksum: string;
   annotations: Readonly<Record<string, string>>;
   /** What a node with these labels applies (overlays picked by label). */
   layered(labels: Readonly<Record<string, string>>): Layered;
@@ -52,6 +54,12 @@ export type SecretSource = {
 export type NodeView = {
   /** The agent's Node as its watch last delivered it (stale while the machine is cut off). */
   current(): V1Node | undefined;
+  /**
+   * Called when the Node's labels or annotations change (delivered as a watch event would be: by the
+   * scheduler, once the machine reaches the API). Status-only updates (kubelet's heartbeats) are not
+   * pushed: current() shows them, and pushing them would spend a step per node every 10 s on nothing.
+   */
+  subscribe(listener: (node: V1Node) => void): () => void;
 };
 
 export type AgentEnv = {
@@ -69,6 +77,11 @@ export type AgentEnv = {
   host: Host;
   nodes: NodeView;
   secret: SecretSource;
+  /**
+   * This boot of the machine: the kernel's boot id and when it booted on the monotonic clock. An agent
+   * crash keeps it; a machine that dies and boots again gets a new one (src/host/boot-clock.ts).
+   */
+  boot: { id: string; atMs: number };
   /** The machine's wall clock and the monotonic one (ms). */
   wall(): number;
   mono(): number;
@@ -92,6 +105,8 @@ export type Driver = {
   globals?: boolean;
   /** Boots the agent of one machine; it keeps running on env's timers until the world drops it. */
   start(env: AgentEnv): void;
+  /** What a Lease of this driver's protocol says, in a few words for the trace (default: its holderIdentity). */
+  describeLease?(lease: V1Lease): string | undefined;
   /** Which nodes hold a disruption slot, read from the API's objects as this driver's protocol keeps them. */
   holders(store: MemoryStore, pool: { secretName: string; namespace: string }): string[];
 };

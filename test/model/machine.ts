@@ -18,10 +18,13 @@ export class Machine {
   lastApplied: string | undefined;
   readonly files = memoryFiles();
   incarnation = 0;
+  /** Boots so far, and when the last one was (monotonic). */
+  boots = 1;
+  bootedAt = 0;
   /** The agent process running now, if any. */
   owner: string | undefined;
-  /** Wall time (its own clock) each unit last became active. */
-  readonly unitSince = new Map<string, number>();
+  /** When each unit last became active: on its own wall clock, and since its boot (systemd's *TimestampMonotonic). */
+  readonly unitSince = new Map<string, { wall: number; sinceBoot: number }>();
   /** When the node-lifecycle controller last saw a heartbeat (monotonic). */
   heartbeatSeenAt = 0;
   contentChangedAt = 0;
@@ -30,6 +33,8 @@ export class Machine {
   /** The Secret as its agent last received it, and who listens for the next one. */
   seen: Revision | undefined;
   listeners: (() => void)[] = [];
+  /** Who listens for changes of its Node's labels and annotations (its agent's NodeView.subscribe). */
+  nodeListeners: ((node: V1Node) => void)[] = [];
   /** The Node as the agent's watch last delivered it. */
   nodeSeen: V1Node | undefined;
 
@@ -56,7 +61,15 @@ export function systemdOf(m: Machine, breakages: Breakages): Systemd {
     if (version === undefined) return { ...base, loadState: "not-found", activeState: "inactive", subState: "dead", unitFileState: "" };
     if (breakages.of(unit, version) === "unit") return { ...base, loadState: "loaded", activeState: "failed", subState: "failed", result: "exit-code", serviceType: "simple" };
     const since = m.unitSince.get(unit);
-    return { ...base, loadState: "loaded", activeState: "active", subState: "running", mainPID: 1000, serviceType: "simple", ...(since !== undefined ? { activeEnterTimestamp: new Date(since), stateChangeTimestamp: new Date(since) } : {}) };
+    return {
+      ...base,
+      loadState: "loaded",
+      activeState: "active",
+      subState: "running",
+      mainPID: 1000,
+      serviceType: "simple",
+      ...(since !== undefined ? { activeEnterTimestamp: new Date(since.wall), stateChangeTimestamp: new Date(since.wall), stateChangeSinceBootMs: since.sinceBoot } : {}),
+    };
   };
   const unsupported = (what: string) => async (): Promise<never> => {
     throw new Error(`the model's systemd does not ${what}: applies go through Host.apply`);

@@ -54,6 +54,23 @@ function compute(rev: Revision, matched: readonly Overlay[]): Layered {
   return { base, checksum: hash.digest("hex"), content, bytes: contentBytes(content) };
 }
 
+const revisions = new WeakMap<Revision, string>();
+
+/**
+ * The Secret's revision as src/api/layers.ts `layeredChecksum` computes it over every overlay (not only
+ * the ones a node picks): what the pool admits and stops, the same on every node whatever its overlays.
+ */
+export function revisionChecksum(rev: Revision): string {
+  let sum = revisions.get(rev);
+  if (sum === undefined) {
+    const hash = createHash("sha256").update(contentBytes(rev.osc));
+    for (const o of rev.overlays) hash.update(`\0${o.key}\0`).update(JSON.stringify(sorted(o.files)));
+    sum = hash.digest("hex");
+    revisions.set(rev, sum);
+  }
+  return sum;
+}
+
 export const unitKey = (unit: string, version: string) => `${unit}@${version}`;
 
 /** The versions that are broken, and how. */

@@ -6,7 +6,7 @@
 // Everything runs on virtual timers and queued requests; the scheduler (sim.ts) decides what happens
 // next. Faults (faults.ts decides which and when) are the methods below: crash, kill, revive, remove,
 // partition, jump, pause, publish.
-import type { V1Node } from "@kubernetes/client-node";
+import type { V1Lease, V1Node } from "@kubernetes/client-node";
 import type { Logger } from "../../src/log.ts";
 import { machineOf, VirtualClock } from "./clock.ts";
 import type { AgentEnv, Driver, Host, SecretSeen } from "./driver.ts";
@@ -14,7 +14,7 @@ import { Machine, restartsOf, stateStoreOf, systemdOf } from "./machine.ts";
 import { MemoryApi } from "./memory-api.ts";
 import { kubeFor } from "./memory-http.ts";
 import { type KObject, MemoryStore } from "./memory-store.ts";
-import { Breakages, type Content, layer, type Overlay, type Revision, units, unitKey } from "./osc-model.ts";
+import { Breakages, type Content, layer, type Overlay, type Revision, revisionChecksum, units, unitKey } from "./osc-model.ts";
 import { Trace, Truth } from "./truth.ts";
 
 /** Gardener's kubelet labels each Node with the OSC Secret it follows: the pool a budget counts. */
@@ -93,8 +93,9 @@ export class World {
     this.api = new MemoryApi(this.store, this.clock, { requestTimeoutMs: 30_000, random: codeRandom });
     this.truth = new Truth({ now: () => this.clock.mono, step: () => this.step, trace: this.trace, kGraceMs: config.kGraceMs, traceLines: config.traceLines, about: (m) => this.about(m) });
     this.store.subscribe((c) => {
+      if (c.resource === "nodes") return this.nodeChanged(c.object, c.old);
       if (c.resource !== "leases") return;
-      const holder = (o: KObject | undefined) => ((o?.spec as { holderIdentity?: string } | undefined)?.holderIdentity ?? "") || "-";
+      const holder = (o: KObject | undefined) => (o && this.driver.describeLease?.(o as V1Lease)) ?? (((o?.spec as { holderIdentity?: string } | undefined)?.holderIdentity ?? "") || "-");
       const was = c.type === "ADDED" ? "(new)" : holder(c.old ?? c.object);
       const now = c.type === "DELETED" ? "(deleted)" : holder(c.object);
       if (was !== now) this.trace.add(`lease ${c.object.metadata?.name}: ${was} → ${now}`);
@@ -153,6 +154,7 @@ export class World {
 
   addMachine(): Machine {
     const m = new Machine(`node-${++this.names}`);
+    m.bootedAt = this.clock.mono;
     this.machines.set(m.name, m);
     const at = metaTime(this.clock.wall(m.name));
     this.store.create("nodes", "", {
@@ -174,6 +176,7 @@ export class World {
     m.owner = owner;
     m.seen = undefined;
     m.listeners = [];
+    m.nodeListeners = [];
     m.nodeSeen = undefined;
     const env = this.envFor(m, owner);
     this.clock.setTimer(owner, () => this.driver.start(env), 0);
@@ -204,7 +207,10 @@ export class World {
   revive(m: Machine): void {
     if (m.alive || !this.machines.has(m.name)) return;
     m.alive = true;
-    for (const u of Object.keys(m.running?.units ?? {})) m.unitSince.set(u, this.clock.wall(m.name));
+    m.boots++;
+    m.bootedAt = this.clock.mono;
+    for (const u of Object.keys(m.running?.units ?? {})) m.unitSince.set(u, { wall: this.clock.wall(m.name), sinceBoot: 0 });
+    this.armNetworkBreakage(m);
     this.syncReach(m);
     this.truth.health(m.name, this.healthy(m));
     this.trace.add(`FAULT ${m.name}: machine boots again`);
@@ -302,7 +308,7 @@ export class World {
     m.ranGood ||= this.breakages.good(desired);
     m.lastApplied = checksum;
     m.contentChangedAt = this.clock.mono;
-    for (const u of started) m.unitSince.set(u, this.clock.wall(m.name));
+    for (const u of started) m.unitSince.set(u, { wall: this.clock.wall(m.name), sinceBoot: this.clock.mono - m.bootedAt });
     this.trace.add(`${m.name}: applies ${checksum.slice(0, 8)}${restarted.length ? `, restarting ${restarted.join(", ")}` : ""}`);
     if (started.includes("kubelet.service")) this.clock.setTimer(`${m.name}.kubelet`, () => this.heartbeat(m), 1_000 + this.rng.int(2_000));
     if (restarted.length > 0) this.truth.restarted(m.name, restarted, { settleMs: this.config.settleSeconds * 1000, cause: checksum, deadHolders: this.deadHolders() });
@@ -310,21 +316,30 @@ export class World {
       const v = desired.units[u];
       if (v !== undefined && this.breakages.of(u, v)) this.truth.brokenRestart(m.name, unitKey(u, v));
     }
-    const breaksNetwork = this.breakages.in(desired).some((b) => b.how === "network");
-    if (breaksNetwork && !m.netBroken) {
-      // A bad network setting bites once the unit has come up (CNI reconfigured, routes replaced).
-      this.clock.setTimer(`${m.name}.net`, () => {
-        if (m.running === desired && m.alive) {
-          m.netBroken = true;
-          this.syncReach(m);
-          this.trace.add(`${m.name}: loses its network (bad change)`);
-        }
-      }, 5_000 + this.rng.int(10_000));
-    } else if (!breaksNetwork && m.netBroken) {
+    if (!this.armNetworkBreakage(m) && m.netBroken) {
       m.netBroken = false;
       this.syncReach(m);
     }
     this.truth.health(m.name, this.healthy(m));
+  }
+
+  /**
+   * A bad network setting bites once its unit has come up (CNI reconfigured, routes replaced), after each
+   * apply and after each boot. Whether what runs has one.
+   */
+  private armNetworkBreakage(m: Machine): boolean {
+    const running = m.running;
+    if (!this.breakages.in(running).some((b) => b.how === "network")) return false;
+    if (m.netBroken) return true;
+    const boot = m.boots;
+    this.clock.setTimer(`${m.name}.net`, () => {
+      if (m.running === running && m.alive && m.boots === boot) {
+        m.netBroken = true;
+        this.syncReach(m);
+        this.trace.add(`${m.name}: loses its network (bad change)`);
+      }
+    }, 5_000 + this.rng.int(10_000));
+    return true;
   }
 
   // --- the cluster ---------------------------------------------------------------------------------
@@ -373,6 +388,20 @@ export class World {
     this.truth.recordK(k);
   }
 
+  /** A Node's labels or annotations changed: its agent's watch delivers it. */
+  private nodeChanged(node: KObject, old: KObject | undefined): void {
+    const m = this.machines.get(node.metadata?.name ?? "");
+    if (!m?.owner || m.nodeListeners.length === 0) return;
+    const meta = (o: KObject | undefined) => JSON.stringify([o?.metadata?.labels, o?.metadata?.annotations]);
+    if (meta(node) === meta(old)) return;
+    this.api.notify(m.owner, "its Node changed", () => {
+      const current = this.store.peek("nodes", "", m.name) as V1Node | undefined;
+      if (!current) return;
+      m.nodeSeen = current;
+      for (const l of m.nodeListeners) l(current);
+    });
+  }
+
   private deliverSecret(m: Machine): void {
     m.seen = this.revision();
     for (const l of m.listeners) l();
@@ -395,16 +424,21 @@ export class World {
       leases: (namespace) => this.api.leaseApi(owner, namespace),
       files: m.files,
       host: this.host(m, owner),
+      boot: { id: `${m.name}/boot-${m.boots}`, atMs: m.bootedAt },
       nodes: {
         current: () => {
           if (m.reachable()) m.nodeSeen = this.store.peek("nodes", "", m.name) as V1Node | undefined;
           return m.nodeSeen;
         },
+        subscribe: (listener) => {
+          m.nodeListeners.push(listener);
+          return () => void (m.nodeListeners = m.nodeListeners.filter((l) => l !== listener));
+        },
       },
       secret: {
         current: (): SecretSeen | undefined => {
           const rev = m.seen;
-          return rev && { name: secret.name, namespace: secret.namespace, uid: secret.uid, revision: rev.id, annotations: rev.annotations, layered: (labels) => layer(rev, labels) };
+          return rev && { name: secret.name, namespace: secret.namespace, uid: secret.uid, revision: rev.id, revisionChecksum: revisionChecksum(rev), annotations: rev.annotations, layered: (labels) => layer(rev, labels) };
         },
         subscribe: (listener) => void m.listeners.push(listener),
       },
