@@ -95,6 +95,11 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       const admission = await admit(node, value, units);
       if (admission === "wait") return;
       handled = { value, node: nodeRef(node), restartSelf: false, removed: false, failures: 0 };
+      if (admission.ranAlready) {
+        // Restarted before this agent stopped, and gated since: only the annotation is left to remove.
+        await removeAnnotation(handled);
+        return;
+      }
       log.info("restarting units on request", { annotation: restartAnnotation, units });
       const failed: string[] = [];
       for (const unit of units) {
@@ -102,7 +107,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
         else if (!(await restart(handled, unit))) failed.push(unit);
       }
       // The gate runs in the rollout controller from here; the slot goes back once the node passed it.
-      if (admission === "admitted") await deps.rollout?.applied({ complete: failed.length === 0, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
+      if (admission.admitted) await deps.rollout?.applied({ complete: failed.length === 0, checksum: admission.admitted, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
       await removeAnnotation(handled);
       return;
     } else if (handled.removed || retry.pending()) {
@@ -112,17 +117,18 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
   }
 
   /**
-   * Whether the restart of `units` may go now: "free" (nothing disruptive, or no rollout), "admitted"
-   * (under the node's rollout, its gate to follow), or "wait" (asked again later).
+   * Whether the restart of `units` may go now: at once (nothing disruptive, or no rollout), admitted under
+   * the node's rollout (`admitted`: the work's checksum, its gate to follow), done already (`ranAlready`), or
+   * "wait" (asked again later).
    */
-  async function admit(node: V1Node, value: string, units: string[]): Promise<"free" | "admitted" | "wait"> {
+  async function admit(node: V1Node, value: string, units: string[]): Promise<{ admitted?: string; ranAlready?: true } | "wait"> {
     const rollout = deps.rollout;
-    if (!rollout) return "free";
+    if (!rollout) return {};
     const pool = rollout.current();
     // Before the OSC controller has read the pool's Secret its settings are unknown: wait, never bypass them.
     if (!pool) return askAgain(deps.settingsRetryMs ?? 1000, "the rollout settings are not read yet");
     const disruptive = units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits));
-    if (disruptive.length === 0) return "free";
+    if (disruptive.length === 0) return {};
     // One piece of work at a time per node: an OSC change under way there goes first (offering the restart
     // now would take its place in the pool's queue, and it would take the restart's back).
     const busy = (await rollout.state()).current;
@@ -140,8 +146,9 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       log.info("the requested restart waits", { units: disruptive, reason: decision.reason, message: decision.message });
       return askAgain(decision.retryAfterMs, decision.reason);
     }
-    // "wait": its restarts ran already (the agent restarted before removing the annotation): not again.
-    return decision.do === "apply" ? "admitted" : "wait";
+    // "wait": this very request is past its restarts and in its gate (the agent stopped before removing the
+    // annotation): not again.
+    return decision.do === "apply" ? { admitted: applied } : { ranAlready: true };
   }
 
   function askAgain(ms: number, why: string): "wait" {

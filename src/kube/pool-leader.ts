@@ -52,6 +52,9 @@ type Leading = {
   synced: Promise<void>;
 };
 
+/** How long a stopping leader tries to hand its Lease back. */
+const resignTimeoutMs = 2_000;
+
 export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   const { api, ref } = deps;
   const log = deps.log.with({ pool: ref.secret.name });
@@ -259,6 +262,9 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       stopped = true;
       await loop.stop();
       await passes.stop();
+      // A leader that stops hands its Lease back, so that the waiting agents need not wait out its duration
+      // (an agent restarting itself after a change is the common case); bounded, as the API server may be away.
+      if (lead) await Promise.race([resign(), new Promise<void>((done) => setTimeout(done, resignTimeoutMs).unref?.())]);
       await abdicate("the agent is stopping");
       await leaderWatch?.stop();
     },

@@ -89,7 +89,8 @@ export type Event =
   /** The slot is gone (its ticket deleted by an operator, or the pool's budget removed): nothing holds the node back any more. */
   | { type: "slot-lost" }
   /** An apply under the current admission ended. */
-  | { type: "applied"; complete: boolean; error?: string }
+  /** `checksum`: what the apply was of; an apply of something else (a late end of the work a rollback replaced) is not this one's. */
+  | { type: "applied"; complete: boolean; error?: string; checksum?: string }
   /** One look at the node's health. */
   | { type: "look"; healthy: true }
   | { type: "look"; healthy: false; check: string }
@@ -180,9 +181,11 @@ function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollo
   return { state: { ...s, current: { ...cur, phase: "applying", since: ctx.now } }, action: { do: "apply", target: "work" } };
 }
 
-function applied(s: NodeRollout, e: { complete: boolean; error?: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
+function applied(s: NodeRollout, e: { complete: boolean; error?: string; checksum?: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
   const cur = s.current;
   if (!cur || (cur.phase !== "applying" && cur.phase !== "rolling-back")) return { state: s, action: { do: "nothing" } };
+  const expected = cur.phase === "rolling-back" ? cur.rollbackTo?.checksum : cur.work.checksum;
+  if (e.checksum !== undefined && e.checksum !== expected) return { state: s, action: { do: "nothing" } };
   if (!e.complete) {
     // Retried under the same admission; the gate's timeout runs on, so an apply that never completes fails it.
     const next: Current = { ...cur, check: `apply: ${e.error ?? "incomplete"}` };

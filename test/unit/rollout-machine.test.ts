@@ -229,6 +229,15 @@ describe("failure and rollback", () => {
     expect(r.state.current?.phase).toBe("failed");
   });
 
+  test("the late end of the failed work's apply is not taken for the rollback's", () => {
+    const rolling = run(gating(), [
+      [301, { type: "look", healthy: false, check: "x" }],
+      [302, { type: "failure-recorded" }],
+    ]).state;
+    expect(step(rolling, { type: "applied", complete: true, checksum: "c-r1" }, ctx(303)).state).toEqual(rolling);
+    expect(step(rolling, { type: "applied", complete: true, checksum: "c-r0" }, ctx(303)).state.current?.phase).toBe("gating");
+  });
+
   test("a failed rollback ends failed, the slot kept", () => {
     const r = run(gating(), [
       [301, { type: "look", healthy: false, check: "x" }],

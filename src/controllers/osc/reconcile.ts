@@ -224,7 +224,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     const error = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
     result(ctx, "failed", error);
     // Under its admission the retry stays gated, and the gate's timeout runs on (a unit that never comes up fails it).
-    if (p.admitted) await deps.rollout.applied({ complete: false, error });
+    if (p.admitted) await deps.rollout.applied({ complete: false, error, checksum });
     // The hold first: an agent killed while it reports must not lose it.
     const hold = gate ? holdAfterFailure((await serialState(ctx)).hold, checksum, startedBoot, error) : undefined;
     if (hold) await saveSerial(ctx, { ...(await serialState(ctx)), hold });
@@ -240,7 +240,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     if (wait) return wait;
   }
   // The gate starts now; it runs in the rollout controller, which says when a rollback is to be applied.
-  if (p.admitted) await deps.rollout.applied({ complete: true });
+  if (p.admitted) await deps.rollout.applied({ complete: true, checksum });
   ctx.state.failures = 0;
   const held = await serialState(ctx);
   if (held.hold || held.gaveUp) await saveSerial(ctx, { version: 1 });

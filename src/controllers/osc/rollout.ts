@@ -58,7 +58,7 @@ async function rollBack(ctx: OscContext, failed: string): Promise<Wait> {
   const outcome = await applyDesired(resolved.value, back.checksum, back.osc, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit });
   ctx.state.executed = outcome.executed;
   const error = outcome.failures.map((f) => `${describeStep(f.step)}: ${f.error}`).join("; ");
-  await deps.rollout.applied({ complete: outcome.complete, ...(error ? { error } : {}) });
+  await deps.rollout.applied({ complete: outcome.complete, checksum: back.checksum, ...(error ? { error } : {}) });
   result(ctx, "failed", `OSC ${failed.slice(0, 12)} failed its health gate; rolled back to ${back.checksum.slice(0, 12)}`);
   if (!outcome.complete) {
     await reportFailure(ctx, deps.node.current(), back.checksum, outcome);

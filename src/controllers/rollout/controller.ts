@@ -46,7 +46,7 @@ export type Rollout = {
   /** Whether `work` may be applied now (and what to apply: a rollback may come first). */
   offer(work: Work): Promise<Decision>;
   /** An apply done on `offer`'s word ended. */
-  applied(outcome: { complete: boolean; error?: string }): Promise<Decision>;
+  applied(outcome: { complete: boolean; error?: string; checksum: string }): Promise<Decision>;
   /** The node's rollout state as saved. */
   state(): Promise<NodeRollout>;
   /** The last good OSC's bytes, for a rollback. */
