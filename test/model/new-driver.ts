@@ -44,8 +44,8 @@ const appliedChecksumAnnotation = "checksum/cloud-config-data";
 export function newDriver(): Driver {
   return {
     name: "new (src/rollout, src/kube/pool-*, src/controllers/rollout)",
-    // loops.ts `every` (the gate's looks, the leader's renewals) and singleFlight sleep on the global
-    // setTimeout, and report.ts stamps conditions with new Date(): the run swaps them for virtual ones.
+    // loops.ts `every` and `later` (the gate's looks, the leader's renewals, the ticket's re-read) sleep on
+    // the global setTimeout, and report.ts stamps conditions with new Date(): the run swaps them for virtual ones.
     globals: true,
     start: (env) => startNewAgent(env),
     describeLease: (lease) => {
@@ -72,22 +72,27 @@ export function newDriver(): Driver {
   };
 }
 
-/** The agent's logs, its warnings and the pool's admissions as lines of the run's trace. */
-function traceLogger(env: AgentEnv, base: Fields = {}): Logger {
+/**
+ * The agent's logs as lines of the run's trace, each line once until another comes (a look that fails every
+ * second while the machine is cut off would fill the trace).
+ */
+function traceLogger(env: AgentEnv, base: Fields = {}, last: { line?: string } = {}): Logger {
   const line = (level: string, msg: string, fields?: Fields) => {
     const all = { ...base, ...fields };
     const detail = Object.entries(all)
       .filter(([k]) => k !== "controller")
       .map(([k, v]) => `${k}=${typeof v === "string" ? v.slice(0, 100) : JSON.stringify(v)}`)
       .join(" ");
-    env.note(`${level} ${msg}${detail ? ` (${detail})` : ""}`);
+    const text = `${level} ${msg}${detail ? ` (${detail})` : ""}`;
+    if (text !== last.line) env.note(text);
+    last.line = text;
   };
   return {
     debug: () => undefined,
     info: (m, f) => line("info", m, f),
     warn: (m, f) => line("WARN", m, f),
     error: (m, f) => line("ERROR", m, f),
-    with: (fields) => traceLogger(env, { ...base, ...fields }),
+    with: (fields) => traceLogger(env, { ...base, ...fields }, last),
     setLevel: () => undefined,
   };
 }
@@ -186,7 +191,7 @@ function startNewAgent(env: AgentEnv): void {
     // reconcile.ts:205 applyDesired, which records last-applied-osc.yaml with the state (apply.ts:205-211).
     await apply(content, bytes, checksum);
     // reconcile.ts:238-239 (the apply is complete: Host.apply does all of it)
-    if (gates.admit) await rollout.applied({ complete: true });
+    if (gates.admit) await rollout.applied({ complete: true, checksum });
     failures = 0;
     // reconcile.ts:247 reportSuccess with the Node as it is now
     await reportSuccess(node.current(), { base, checksum });
@@ -212,7 +217,7 @@ function startNewAgent(env: AgentEnv): void {
     if (!back) throw new Error(`rolling back from OSC ${failed.slice(0, 12)}: no last good OSC is kept`);
     env.note(`rolls back from ${failed.slice(0, 8)} to ${back.checksum.slice(0, 8)}`);
     await apply(parseContent(back.osc), back.osc, back.checksum);
-    await rollout.applied({ complete: true });
+    await rollout.applied({ complete: true, checksum: back.checksum });
     await reportSuccess(node.current(), { base: back.base, checksum: back.checksum });
     return periodic();
   }
