@@ -65,6 +65,8 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(after.kubelet).not.toBe(before.kubelet);
     expect(after.containerd).toBe(before.containerd);
     await readyAgain(w, heartbeat, since);
+    // The condition follows the checksum in the same report: wait for it, not read it at the checksum.
+    await waitFor("the condition Applied", async () => ((await oscCondition(w.bare))?.reason === "Applied" ? true : undefined), 30_000, 250);
     expect(await oscCondition(w.bare)).toMatchObject({ status: "True", reason: "Applied" });
     await clearUpdateMarks(world.cluster, w.bare.name);
   }, 240_000);
@@ -140,6 +142,8 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(node.metadata?.annotations?.["node.machine.sapcloud.io/update-failed-reason"]).toBeUndefined();
     expect(node.metadata?.annotations?.["node-agent.gardener.cloud/updating-operating-system-version"]).toBeUndefined();
     expect(await w.bare.node.readFile("/etc/os-release")).toContain("Linux 13 (trixie)");
+    // The condition follows the checksum in the same report: wait for it, not read it at the checksum.
+    await waitFor("the condition Applied", async () => ((await oscCondition(w.bare))?.reason === "Applied" ? true : undefined), 30_000, 250);
     expect(await oscCondition(w.bare)).toMatchObject({ status: "True", reason: "Applied" });
     await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);

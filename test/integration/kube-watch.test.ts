@@ -255,6 +255,6 @@ test("an event line over maxEventBytes fails the watch with an error naming the 
   expect(watcher.stats().lists).toBeGreaterThanOrEqual(2);
 }, 30_000);
 
-test("a watch without a field selector is refused before any request", () => {
-  expect(() => watchObjects({ kube: reader, path, fieldSelector: "", log: createLogger(), onEvent: () => {} })).toThrow("a field selector is required");
+test("a watch without a field or label selector is refused before any request", () => {
+  expect(() => watchObjects({ kube: reader, path, fieldSelector: "", log: createLogger(), onEvent: () => {} })).toThrow("a field or label selector is required");
 });
