@@ -13,6 +13,9 @@
 // those, the per-node cost, extrapolated linearly to 5,000 nodes with the arithmetic printed.
 // Nodes are started while MemAvailable stays above 3 GiB; the result says how many ran.
 // Writes test/bench/results/fleet-<date>.json.
+//
+// --mode scale [--sizes 200,1000,5000 --handovers 10 --full-k1-up-to 0]: no nodes booted; simulated agents against pools of Node objects
+// (test/bench/lib/fleet-scale.ts); writes fleet-scale-<date>.json and docs/fleet-scale.svg.
 import { Buffer } from "node:buffer";
 import { readFileSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
@@ -31,6 +34,7 @@ import { round, summary } from "./lib/stats.ts";
 import { rolloutMode, type ScenarioResult } from "./lib/fleet-rollout.ts";
 import { traceRollout } from "./lib/fleet-trace.ts";
 import { rolloutSvg } from "./lib/rollout-svg.ts";
+import { relaunchForManyWatches, scaleMode } from "./lib/fleet-scale.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -43,6 +47,9 @@ const { values: args } = parseArgs({
     "control-plane-nice": { type: "string", default: "-20" },
     // NAME=VALUE, repeatable: set in every agent's environment (a runtime knob measured at fleet scale).
     "agent-env": { type: "string", multiple: true, default: [] },
+    sizes: { type: "string", default: "200,1000,5000" },
+    handovers: { type: "string", default: "10" },
+    "full-k1-up-to": { type: "string", default: "0" },
   },
 });
 const CONTROL_PLANE_NICE = Number(args["control-plane-nice"]);
@@ -54,7 +61,7 @@ const AGENT_ENV = Object.fromEntries(
   }),
 );
 const MODE = args.mode;
-if (MODE !== "load" && MODE !== "rollout") throw new Error(`--mode is "load" or "rollout", not "${MODE}"`);
+if (MODE !== "load" && MODE !== "rollout" && MODE !== "scale") throw new Error(`--mode is "load", "rollout" or "scale", not "${MODE}"`);
 const NODES = Number(args.nodes);
 const STEADY_MINUTES = Number(args["steady-minutes"]);
 const BASELINE_S = Number(args["baseline-seconds"]);
@@ -68,6 +75,11 @@ const benchStart = performance.now();
 const progress = (msg: string) => console.error(`[${((performance.now() - benchStart) / 1000).toFixed(1).padStart(7)} s] ${msg}`);
 const wallNow = () => performance.timeOrigin + performance.now();
 const memAvailableKiB = () => Number(/^MemAvailable:\s+(\d+)/m.exec(readFileSync("/proc/meminfo", "utf8"))?.[1]);
+if (MODE === "scale") {
+  const relaunched = await relaunchForManyWatches();
+  if (relaunched === undefined) await scaleMode({ sizes: args.sizes.split(",").map(Number), applyMs: 200, settleMs: 2_000, handovers: Number(args.handovers), fullK1UpTo: Number(args["full-k1-up-to"]), heartbeatUpTo: 1_000, heartbeatSeconds: 30, idleSeconds: 30, controlPlaneNice: CONTROL_PLANE_NICE, progress });
+  process.exit(relaunched ?? 0);
+}
 
 await initClockTicks();
 const machine = await machineInfo();
