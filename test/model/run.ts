@@ -10,6 +10,8 @@
 //   bun test/model/run.ts --target old --profile holder-death --seeds 500 --until I1 --match dead
 //                                                       (a search: stops at the first schedule violating I1
 //                                                        with "dead" in its message; prints how long it took)
+//   bun test/model/run.ts --target new --profile every --seeds 1000 --threads 2
+//                                                       (on two cores: the violations are printed at the end)
 //
 // --profile takes a name of faults.ts, a comma-separated list, or "every" (each in turn). Prints each
 // violated invariant with its seed and the end of its trace, then schedules and steps per second. Exits
@@ -17,6 +19,7 @@
 import { parseArgs } from "node:util";
 import { profiles } from "./faults.ts";
 import { findingSteps, oldFindings } from "./old-findings.ts";
+import { runParallel, summary } from "./parallel.ts";
 import { runSchedule, type ScheduleResult } from "./scheduler.ts";
 import { targets } from "./targets.ts";
 
@@ -37,6 +40,7 @@ const { values } = parseArgs({
     known: { type: "boolean", default: false },
     match: { type: "string" },
     "expect-violations": { type: "boolean", default: false },
+    threads: { type: "string", default: "1" },
   },
 });
 
@@ -62,6 +66,25 @@ if (values.known) {
     if (!v) console.log(`      expected: ${f.trace}`);
   }
   process.exit(lost === 0 ? 0 : 1);
+}
+
+const threads = Number(values.threads);
+if (threads > 1) {
+  if (values.until || values.dump || values.known) throw new Error("--threads: not with --until, --dump or --known");
+  const jobs = names.flatMap((profile) => seeds.map((seed) => ({ profile, seed })));
+  const r = await runParallel({ target: values.target, jobs, steps, quietMs, traceLines, threads });
+  const firstOfEach = new Set<string>();
+  for (const f of r.found) {
+    const key = `${f.profile} ${f.invariant}`;
+    if (firstOfEach.has(key) && !values.trace) continue;
+    firstOfEach.add(key);
+    console.log(`\n${f.head}\n  ${f.invariant} at step ${f.step}, ${(f.atMs / 1000).toFixed(1)}s: ${f.message}${f.count > 1 ? ` (and ${f.count - 1} more)` : ""}`);
+    if (!values.quiet) for (const line of f.trace) console.log(`      ${line}`);
+  }
+  console.log(`\n${driver.name}: ${r.schedules} schedule(s), ${r.steps} steps, ${(r.virtualMs / 3_600_000).toFixed(1)} h virtual, in ${r.seconds.toFixed(1)} s on ${threads} threads: ${(r.schedules / r.seconds).toFixed(1)} schedules/s, ${Math.round(r.steps / r.seconds)} steps/s`);
+  const lines = summary(r.found);
+  console.log(lines.length === 0 ? "no invariant violated" : lines.map((l) => `  ${l}`).join("\n"));
+  process.exit(lines.length > 0 === values["expect-violations"] ? 0 : 1);
 }
 
 const until = values.until?.split(",");
