@@ -95,7 +95,12 @@ export type Event =
   | { type: "look"; healthy: true }
   | { type: "look"; healthy: false; check: string }
   /** The failure is on the pool's record. */
-  | { type: "failure-recorded" };
+  | { type: "failure-recorded" }
+  /**
+   * An OSC was applied outside any gate (a fresh node's first, or one that disrupted nothing): it becomes the
+   * rollback target only while the node has none — only a passed gate replaces a last good OSC.
+   */
+  | { type: "baseline"; checksum: string; base: string };
 
 /** What the controller does next. The state is saved before it. */
 export type Action =
@@ -136,6 +141,8 @@ export function step(s: NodeRollout, e: Event, ctx: Ctx): { state: NodeRollout; 
       return look(s, e, ctx);
     case "failure-recorded":
       return failureRecorded(s, ctx);
+    case "baseline":
+      return { state: s.lastGood ? s : { ...s, lastGood: { checksum: e.checksum, base: e.base, at: ctx.wallIso } }, action: { do: "nothing" } };
   }
 }
 

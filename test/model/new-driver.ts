@@ -182,16 +182,19 @@ function startNewAgent(env: AgentEnv): void {
     const settings = parsed.value;
     // reconcile.ts:161; the model sets no reconciliation delay and no serial rollout, so no hold (:162-169).
     const gates = gatesFor({ checksum, stateApplied: env.host.lastApplied(), nodeApplied: nodeAppliedChecksum(current), serial: false });
+    let admitted = false;
     if (gates.admit) {
-      // reconcile.ts:172-178; the plan's restarts (Host.restarts) and its step count stand for planForNode's.
+      // reconcile.ts passGates; the plan's restarts (Host.restarts) and its step count stand for planForNode's.
       const kind = gates.kind === "current" ? "drift" : "osc";
-      const wait = await admit({ kind, checksum, base, revision: secret.revisionChecksum }, content, settings.disruptiveUnits);
-      if (wait) return wait;
+      const admission = await admit({ kind, checksum, base, revision: secret.revisionChecksum }, content, settings.disruptiveUnits);
+      if ("wait" in admission) return admission.wait;
+      admitted = admission.admitted;
     }
-    // reconcile.ts:205 applyDesired, which records last-applied-osc.yaml with the state (apply.ts:205-211).
+    // reconcile.ts applyAndReport: applyDesired, which records last-applied-osc.yaml with the state (apply.ts).
     await apply(content, bytes, checksum);
-    // reconcile.ts:238-239 (the apply is complete: Host.apply does all of it)
-    if (gates.admit) await rollout.applied({ complete: true, checksum });
+    // The rollout hears how the apply ended only when it admitted it (bebcfc6).
+    if (admitted) await rollout.applied({ complete: true, checksum });
+    else await rollout.baseline({ checksum, base });
     failures = 0;
     // reconcile.ts:247 reportSuccess with the Node as it is now
     await reportSuccess(node.current(), { base, checksum });
@@ -199,16 +202,17 @@ function startNewAgent(env: AgentEnv): void {
   }
 
   /** osc/rollout.ts:33-41 */
-  async function admit(w: Omit<Work, "disruption">, content: Content, patterns: readonly string[]): Promise<Wait | undefined> {
+  async function admit(w: Omit<Work, "disruption">, content: Content, patterns: readonly string[]): Promise<{ admitted: boolean } | { wait: Wait }> {
     // disruptionOf (plan/disruption.ts): the counted units the plan restarts or stops; the model's files are
     // none a running process reads without a restart, so no paths.
     const disruption = { units: env.host.restarts(content).filter((u) => countsAsDisruptive(u, patterns)), paths: [] };
-    // rollout.ts:35-36 A no-op re-check asks nothing of the rollout, unless it has work of its own under way.
-    if (disruption.units.length === 0 && planSteps(content) === 0 && !(await rollout.state()).current) return undefined;
+    // osc/rollout.ts admit: a no-op re-check asks nothing of the rollout, unless an OSC's work is under way there.
+    const current = (await rollout.state()).current;
+    if (planSteps(content) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
     const decision = await rollout.offer({ ...w, disruption });
     noteDecision(w, decision);
-    if (decision.do === "apply") return decision.target === "last-good" ? rollBack(w.checksum) : undefined;
-    return decision.do === "hold" ? { atMs: now() + decision.retryAfterMs, why: decision.reason } : periodic();
+    if (decision.do === "apply") return decision.target === "last-good" ? { wait: await rollBack(w.checksum) } : { admitted: true };
+    return { wait: decision.do === "hold" ? { atMs: now() + decision.retryAfterMs, why: decision.reason } : periodic() };
   }
 
   /** osc/rollout.ts:44-65 */

@@ -31,6 +31,12 @@ describe("admission", () => {
     expect(r.state.lastGood).toBeUndefined();
   });
 
+  test("an OSC applied outside any gate is the rollback target only while the node has none (a fresh node's first)", () => {
+    const first = step(emptyNodeRollout(), { type: "baseline", checksum: "c0", base: "b0" }, ctx(0)).state;
+    expect(first.lastGood).toMatchObject({ checksum: "c0", base: "b0" });
+    expect(step(first, { type: "baseline", checksum: "c1", base: "b1" }, ctx(1)).state).toBe(first);
+  });
+
   test("a disruptive change waits for a slot; the grant starts its apply and its timeout", () => {
     const w = work({ revision: "r1" });
     const a = step(emptyNodeRollout(), { type: "want", work: w }, ctx(0));

@@ -241,6 +241,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
   }
   // The gate starts now; it runs in the rollout controller, which says when a rollback is to be applied.
   if (p.admitted) await deps.rollout.applied({ complete: true, checksum });
+  else await deps.rollout.baseline({ checksum, base });
   ctx.state.failures = 0;
   const held = await serialState(ctx);
   if (held.hold || held.gaveUp) await saveSerial(ctx, { version: 1 });

@@ -47,6 +47,8 @@ export type Rollout = {
   offer(work: Work): Promise<Decision>;
   /** An apply done on `offer`'s word ended. */
   applied(outcome: { complete: boolean; error?: string; checksum: string }): Promise<Decision>;
+  /** An OSC applied outside any admission: the rollback target while the node has none. */
+  baseline(applied: { checksum: string; base: string }): Promise<void>;
   /** The node's rollout state as saved. */
   state(): Promise<NodeRollout>;
   /** The last good OSC's bytes, for a rollback. */
@@ -333,6 +335,13 @@ export function startRollout(deps: RolloutDeps): Rollout {
         const settings = pool?.settings;
         if (!settings) return { do: "wait" };
         return decision(await drive({ type: "applied", ...outcome }, settings), settings);
+      }),
+    baseline: (applied) =>
+      writer.run(async () => {
+        const settings = pool?.settings;
+        if (!settings || (await load()).lastGood) return;
+        await drive({ type: "baseline", ...applied }, settings);
+        await keepLastGood(await load());
       }),
     state: () => writer.run(load),
     async lastGood() {
