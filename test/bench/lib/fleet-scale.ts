@@ -20,7 +20,8 @@
 // rollout's. Writes test/bench/results/fleet-scale-<date>.json and docs/fleet-scale.svg.
 import { Buffer } from "node:buffer";
 import { randomBytes } from "node:crypto";
-import { closeSync, fstatSync, openSync, readFileSync, readSync, writeFileSync } from "node:fs";
+import { closeSync, fstatSync, openSync, readdirSync, readFileSync, readSync, statSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
 import type { Budget } from "../../../src/api/rollout.ts";
 import { leaseApi } from "../../../src/kube/lease-api.ts";
 import { poolLeaseLabel, ticketLabel } from "../../../src/rollout/pool.ts";
@@ -149,7 +150,7 @@ export async function scaleMode(o: ScaleOptions): Promise<void> {
   try {
     await grantLeases(admin);
     const poolSecret = await createSecret(admin, "gardener-node-agent-worker-scale");
-    const env = { o, cluster, admin, compression, statusBytes: await conflictBytes(admin), auditAt: 0 };
+    const env = { o, cluster, admin, compression, statusBytes: await conflictBytes(admin), auditAt: auditMark(cluster.auditLog) };
     for (const n of o.sizes) {
       progress(`pool of ${n}: creating ${n - nodes.length} Nodes and their ${2 * (n - nodes.length)} heartbeat Leases`);
       await grow(admin, n, poolSecret.name, nodes, beats);
@@ -275,7 +276,7 @@ function computedHeartbeats(n: number, measured: HeartbeatResult[]): HeartbeatRe
 
 // ---------------------------------------------------------------- phases
 
-type Env = { o: ScaleOptions; cluster: Cluster; admin: Admin; nodes: NodeRef[]; compression: number; statusBytes: number; auditAt: number };
+type Env = { o: ScaleOptions; cluster: Cluster; admin: Admin; nodes: NodeRef[]; compression: number; statusBytes: number; auditAt: AuditAt };
 
 /** The agents of a phase: each with its user and counted Lease port, all sharing the tallies. */
 function kitFor(env: Env, secret: string) {
@@ -301,7 +302,7 @@ type Mark = { scrape: Scrape; sample: Sample; snapshot: Snapshot };
 const mark = async (env: Env, kit: Kit): Promise<Mark> => ({ scrape: await scrape(env.admin), sample: sample(env.cluster), snapshot: snapshot(kit) });
 
 async function begin(env: Env, kit: Kit): Promise<Mark> {
-  env.auditAt = auditSize(env.cluster.auditLog);
+  env.auditAt = auditMark(env.cluster.auditLog);
   return mark(env, kit);
 }
 
@@ -566,19 +567,28 @@ function summarise(env: Env, p: { agent: PhaseResult["agent"]; k: number; budget
   };
 }
 
-function auditSize(path: string): number {
-  const fd = openSync(path, "r");
-  try {
-    return fstatSync(fd).size;
-  } finally {
-    closeSync(fd);
-  }
+/** Where the audit log stands: kube-apiserver renames it every 100 MB (the file keeps its inode) and starts a new one. */
+type AuditAt = { ino: number; offset: number; sinceMs: number };
+
+function auditMark(path: string): AuditAt {
+  const st = statSync(path);
+  return { ino: st.ino, offset: st.size, sinceMs: Date.now() };
 }
 
-/** The agents' LISTs in the audit log since `offset`, by resource and selector, with how many agents sent them and the most any one sent. */
-function auditLists(path: string, offset: number): ListCount[] {
-  const fd = openSync(path, "r");
+/** The agents' LISTs in the audit log since `at` (the file it was in, and every file begun since), by resource and selector, with how many agents sent them and the most any one sent. */
+function auditLists(path: string, at: AuditAt): ListCount[] {
   const by = new Map<string, Map<string, number>>();
+  for (const name of readdirSync(dirname(path)).filter((f) => /^audit.*\.log$/.test(f))) {
+    const file = `${dirname(path)}/${name}`;
+    const st = statSync(file);
+    if (st.ino === at.ino) countLists(file, at.offset, by);
+    else if (st.mtimeMs >= at.sinceMs) countLists(file, 0, by);
+  }
+  return [...by].map(([what, users]) => ({ what, count: [...users.values()].reduce((a, b) => a + b, 0), users: users.size, perUserMax: Math.max(...users.values()) }));
+}
+
+function countLists(path: string, offset: number, by: Map<string, Map<string, number>>): void {
+  const fd = openSync(path, "r");
   try {
     const size = fstatSync(fd).size;
     const chunk = Buffer.alloc(8 << 20);
@@ -604,7 +614,6 @@ function auditLists(path: string, offset: number): ListCount[] {
   } finally {
     closeSync(fd);
   }
-  return [...by].map(([what, users]) => ({ what, count: [...users.values()].reduce((a, b) => a + b, 0), users: users.size, perUserMax: Math.max(...users.values()) }));
 }
 
 // ---------------------------------------------------------------- report
