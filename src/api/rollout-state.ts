@@ -12,6 +12,8 @@ export const lastGoodOscPath = `${baseDir}/trellis/last-good-osc.yaml`;
 
 const Reading = object({ bootId: v.string(), uptimeMs: v.number(), wallMs: v.number() });
 const Good = object({ checksum: v.string(), base: v.string() });
+const Probe = v.variant("kind", [v.object({ kind: v.literal("http"), url: v.string() }), v.object({ kind: v.literal("exec"), argv: v.array(v.string()) })]);
+const Gate = object({ settleMs: v.number(), healthTimeoutMs: v.number(), rollback: v.boolean(), probe: v.optional(Probe), probeTimeoutMs: v.number() });
 
 const V2 = object({
   version: v.literal(2),
@@ -24,11 +26,13 @@ const V2 = object({
         base: v.string(),
         disruption: object({ units: v.array(v.string()), paths: v.array(v.string()) }),
       }),
-      phase: v.picklist(["waiting", "applying", "gating", "failing", "rolling-back", "failed"]),
+      phase: v.picklist(["waiting", "applying", "gating", "rolling-back", "failed"]),
       since: v.optional(Reading),
       healthySince: v.optional(Reading),
       check: v.optional(v.string()),
       rollbackTo: v.optional(Good),
+      gate: v.optional(Gate),
+      recordOwed: v.optional(v.boolean()),
     }),
   ),
   lastGood: v.optional(object({ checksum: v.string(), base: v.string(), at: v.string() })),

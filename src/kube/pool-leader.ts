@@ -12,11 +12,11 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, grantAnnotation, grantsOwed, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import { microTime } from "./micro-time.ts";
-import { compareAndSwap, patchAnnotations, type PoolRef, readPool, readTicket, secretOwner, slotsLeaseBody } from "./pool-leases.ts";
+import { compareAndSwap, nodeTicketName, patchAnnotations, type PoolRef, readPool, readTicket, secretOwner, slotsLeaseBody } from "./pool-leases.ts";
 
 export type LeaderDeps = {
   api: LeaseApi;
@@ -218,21 +218,39 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const k = budgetSlots(budget, l.tickets.size);
     const at = deps.wallNow().toISOString();
     let admitted: Ticket[] = [];
+    let lost: PoolRecord["failed"];
+    const fresh = await readTickets(l, dropCandidates(l.record ?? { holders: [] }, l.tickets));
+    let view = l.tickets;
     const written = await compareAndSwap(api, slots, (current) => {
-      const record = readPool(current, `Lease kube-system/${slots}`);
-      const d = decide(record, l.tickets, k);
+      const read = readPool(current, `Lease kube-system/${slots}`);
+      view = holderView(read, l.tickets, fresh);
+      const record = withLostHolders(read, view, at);
+      lost = record.failed !== read.failed ? record.failed : undefined;
+      const d = decide(record, view, k);
       admitted = d.admit;
       let next = d.drop.length > 0 ? withoutHolders(record, d.drop) : record;
       for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at);
-      for (const h of movesOwed(next, l.tickets)) next = withHolder(next, h.node, h.revision, at);
+      for (const h of movesOwed(next, view)) next = withHolder(next, h.node, h.revision, at);
       if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
-      if (next === record && record.poolSize === l.tickets.size) return undefined;
+      if (next === read && record.poolSize === l.tickets.size) return undefined;
       return slotsLeaseBody(ref.secret, current, { ...next, poolSize: l.tickets.size });
     });
     const record = readPool(written, `Lease kube-system/${slots}`);
-    for (const h of grantsOwed(record, l.tickets)) await tell(l, h.node, { revision: h.revision, at });
-    for (const t of stopsOwed(record, l.tickets)) await tell(l, t.node, { revision: t.request?.revision as string, at, stopped: `${record.failed?.failure ?? ""} (on ${record.failed?.node ?? "?"})` });
+    for (const h of grantsOwed(record, view)) await tell(l, h.node, { revision: h.revision, at: h.since });
+    for (const t of stopsOwed(record, view)) await tell(l, t.node, { revision: t.request?.revision as string, at, stopped: `${record.failed?.failure ?? ""} (on ${record.failed?.node ?? "?"})` });
+    if (lost) log.warn("a holder's ticket went before its change passed its gate: the revision is stopped as failed", { node: lost.node, revision: lost.revision });
     if (admitted.length > 0) log.info("admitted waiting nodes", { nodes: admitted.map((t) => t.node), k, poolSize: l.tickets.size });
+  }
+
+  /** The tickets of `nodes` as the API server has them now (null: gone). */
+  async function readTickets(l: Leading, nodes: readonly string[]): Promise<Map<string, Ticket | null>> {
+    const fresh = new Map<string, Ticket | null>();
+    for (const node of nodes) {
+      const leaseName = l.leaseOf.get(node) ?? nodeTicketName(ref.secret.name, node);
+      const lease = await api.get(leaseName);
+      fresh.set(node, (lease && readTicket(lease, `Lease kube-system/${leaseName}`)) ?? null);
+    }
+    return fresh;
   }
 
   /** Writes a grant (or a stop) on a node's ticket, if it still asks for that revision. */
@@ -242,7 +260,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     await compareAndSwap(api, leaseName, (current) => {
       if (!current) return undefined;
       const t = readTicket(current, `Lease kube-system/${leaseName}`);
-      if (t?.request?.revision !== grant.revision || t.grant?.revision === grant.revision) return undefined;
+      if (t?.request?.revision !== grant.revision || (t.grant?.revision === grant.revision && t.grant.at === grant.at && t.grant.stopped === grant.stopped)) return undefined;
       // Only the grant changes: the request stays the node's own text (the admission policy holds the leader to that).
       return { ...current, metadata: { ...current.metadata, annotations: patchAnnotations(current.metadata?.annotations, { [grantAnnotation]: JSON.stringify(grant) }) } };
     });

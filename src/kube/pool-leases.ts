@@ -43,6 +43,8 @@ export function patchAnnotations(annotations: Readonly<Record<string, string>> |
 export const secretOwner = (secret: PoolRef["secret"]): V1OwnerReference => ({ apiVersion: "v1", kind: "Secret", name: secret.name, uid: secret.uid, controller: true });
 const nodeOwner = (node: PoolRef["node"]): V1OwnerReference => ({ apiVersion: "v1", kind: "Node", name: node.name, uid: node.uid, controller: true });
 const digest = (s: string) => createHash("sha256").update(s).digest("hex");
+/** The name of `node`'s ticket in the pool of `secret`. */
+export const nodeTicketName = (secret: string, node: string) => ticketName(secret, node, digest);
 
 /**
  * Reads `name`, lets `change` decide the new Lease (undefined: nothing to write) and writes it with the
@@ -118,7 +120,7 @@ export type PoolMember = {
 };
 
 export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
-  const name = ticketName(ref.secret.name, ref.node.name, digest);
+  const name = nodeTicketName(ref.secret.name, ref.node.name);
   const slots = slotsLeaseName(ref.secret.name);
   const source = `Lease kube-system/${slots}`;
 

@@ -13,6 +13,7 @@
 //
 // Durations are measured on the boot clock (src/host/boot-clock.ts): an agent restart, even a crash loop,
 // does not start a gate's timeout over, and a wall-clock step does not move it.
+import type { Probe } from "../api/rollout.ts";
 import type { BootClockReading } from "../host/boot-clock.ts";
 import { elapsedBetween } from "../host/boot-clock.ts";
 
@@ -42,8 +43,6 @@ export type Phase =
   | "applying"
   /** Applied; the node must stay healthy for the settle time. */
   | "gating"
-  /** Failed its gate: the failure is being recorded on the pool before anything else happens. */
-  | "failing"
   /** Going back to the last good OSC (its own gate follows, under the same slot). */
   | "rolling-back"
   /** Failed (and, if it rolled back, so did the rollback): the slot stays taken, the pool's rollout of this revision stops here. */
@@ -60,6 +59,14 @@ export type Current = {
   check?: string;
   /** While rolling back: the OSC gone back to. */
   rollbackTo?: Good;
+  /** The gate this work was admitted under: it runs on after an agent restart that cannot read the Secret. */
+  gate?: Gate;
+  /**
+   * The failure is not on the pool's record yet. The node rolls back at once (its change may have cut it off
+   * from the API server, and only the rollback brings it back), but it keeps its slot until the failure is
+   * recorded: nobody else may take the revision before the pool knows it failed.
+   */
+  recordOwed?: boolean;
 };
 
 export type Good = { checksum: string; base: string };
@@ -75,8 +82,11 @@ export type NodeRollout = {
 
 export const emptyNodeRollout = (): NodeRollout => ({ version: 2 });
 
+/** How a gate judges the node: the Secret's settings when the work was admitted. */
+export type Gate = { settleMs: number; healthTimeoutMs: number; rollback: boolean; probe?: Probe; probeTimeoutMs: number };
+
 /** `pooled`: the Secret has a disruption budget (without one nothing asks for a slot and nothing is gated). */
-export type GatePolicy = { pooled: boolean; settleMs: number; healthTimeoutMs: number; rollback: boolean };
+export type GatePolicy = Gate & { pooled: boolean };
 
 /** Why work is held back before it asks the pool (kured's blockers: one type per reason). */
 export type HoldBack = { reason: "Paused" | "NotSelected" | "OutsideMaintenanceWindow" | "Blocked" | "WaitingForSlot" | "RolloutStopped"; message: string; retryAfterMs: number };
@@ -113,8 +123,6 @@ export type Action =
   | { do: "hold"; reason: string; message: string; retryAfterMs?: number }
   /** Look at the node's health again in a moment. */
   | { do: "look" }
-  /** Write the failure on the pool's record (then feed "failure-recorded"). */
-  | { do: "record-failure"; revision: string; check: string }
   /** The work is proven: the slot goes back. */
   | { do: "released"; passed: Work };
 
@@ -140,7 +148,7 @@ export function step(s: NodeRollout, e: Event, ctx: Ctx): { state: NodeRollout; 
     case "look":
       return look(s, e, ctx);
     case "failure-recorded":
-      return failureRecorded(s, ctx);
+      return failureRecorded(s);
     case "baseline":
       return { state: s.lastGood ? s : { ...s, lastGood: { checksum: e.checksum, base: e.base, at: ctx.wallIso } }, action: { do: "nothing" } };
   }
@@ -152,7 +160,6 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
     return { state: s, action: { do: "hold", reason: "Blocked", message: `OSC ${short(work.checksum)} failed its health gate here (${s.blocked.check}) and was rolled back from; a new OSC is applied as usual` } };
   }
   if (cur && holding(cur.phase)) {
-    if (cur.phase === "failing") return { state: s, action: { do: "record-failure", revision: cur.work.revision, check: cur.check ?? "" } };
     if (cur.phase === "rolling-back") return { state: s, action: { do: "apply", target: "last-good" } };
     if (sameWork(cur.work, work)) {
       if (cur.phase === "applying") return { state: s, action: { do: "apply", target: "work" } };
@@ -167,6 +174,9 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
       work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) } },
       phase: "applying",
       since: ctx.now,
+      gate: gateOf(ctx),
+      // A failure not yet recorded stays owed: the failed change happened whatever comes after it.
+      ...(cur.recordOwed ? { recordOwed: true } : {}),
     };
     return { state: { ...s, current: chained }, action: { do: "apply", target: "work" } };
   }
@@ -181,11 +191,12 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
 }
 
 const disruptsAny = (w: Work) => disrupts(w.disruption);
+const gateOf = ({ policy: { pooled: _, ...gate } }: Ctx): Gate => gate;
 
 function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollout; action: Action } {
   const cur = s.current;
   if (!cur || cur.phase !== "waiting" || cur.work.revision !== revision) return { state: s, action: { do: "nothing" } };
-  return { state: { ...s, current: { ...cur, phase: "applying", since: ctx.now } }, action: { do: "apply", target: "work" } };
+  return { state: { ...s, current: { ...cur, phase: "applying", since: ctx.now, gate: gateOf(ctx) } }, action: { do: "apply", target: "work" } };
 }
 
 function applied(s: NodeRollout, e: { complete: boolean; error?: string; checksum?: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
@@ -196,7 +207,7 @@ function applied(s: NodeRollout, e: { complete: boolean; error?: string; checksu
   if (!e.complete) {
     // Retried under the same admission; the gate's timeout runs on, so an apply that never completes fails it.
     const next: Current = { ...cur, check: `apply: ${e.error ?? "incomplete"}` };
-    return timedOut(next, ctx) ? fail(s, next) : { state: { ...s, current: next }, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
+    return timedOut(next, ctx) ? fail(s, next, ctx) : { state: { ...s, current: next }, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
   }
   // A rollback's gate is the gate of the OSC gone back to (`rollbackTo` says so).
   return { state: { ...s, current: { ...cur, phase: "gating", healthySince: undefined } }, action: { do: "look" } };
@@ -204,9 +215,9 @@ function applied(s: NodeRollout, e: { complete: boolean; error?: string; checksu
 
 function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
   const cur = s.current;
-  if (!cur || cur.phase === "waiting" || cur.phase === "failing") return { state: s, action: { do: "nothing" } };
+  if (!cur || cur.phase === "waiting") return { state: s, action: { do: "nothing" } };
   if (cur.phase === "applying" || cur.phase === "rolling-back") {
-    return timedOut(cur, ctx) ? fail(s, cur) : { state: s, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
+    return timedOut(cur, ctx) ? fail(s, cur, ctx) : { state: s, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
   }
   if (e.healthy) {
     // Healthy without a break since then only within one boot: a machine that booted again was down between
@@ -218,12 +229,14 @@ function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: st
   }
   const next: Current = { ...cur, healthySince: undefined, check: cur.phase === "failed" ? cur.check : e.check };
   if (cur.phase === "failed") return { state: { ...s, current: next }, action: { do: "look" } };
-  return timedOut(next, ctx) ? fail(s, next) : { state: { ...s, current: next }, action: { do: "look" } };
+  return timedOut(next, ctx) ? fail(s, next, ctx) : { state: { ...s, current: next }, action: { do: "look" } };
 }
 
 const timedOut = (cur: Current, ctx: Ctx) => cur.since !== undefined && elapsedBetween(cur.since, ctx.now) >= ctx.policy.healthTimeoutMs;
 
 function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
+  // Healthy again, but the pool does not know yet that the change failed: the slot stays until it does.
+  if (cur.recordOwed) return { state: { ...s, current: cur }, action: { do: "look" } };
   if (cur.rollbackTo || cur.phase === "failed") {
     // Healthy again on its last good OSC (or by itself): the slot goes back; the failed revision stays
     // blocked here and on the pool's record.
@@ -237,22 +250,24 @@ function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
   return { state: { ...s, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work } };
 }
 
-function fail(s: NodeRollout, cur: Current): { state: NodeRollout; action: Action } {
+function fail(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
   const check = cur.check ?? "not healthy within the health timeout";
   if (cur.rollbackTo) return { state: { ...s, current: { ...cur, phase: "failed", check: `${check} (after rolling back)` } }, action: { do: "look" } };
   // Only an OSC change is the pool's to stop: a requested restart or drift repair that fails here is this node's.
-  if (cur.work.kind === "osc" || cur.work.kind === "in-place") return { state: { ...s, current: { ...cur, phase: "failing", check } }, action: { do: "record-failure", revision: cur.work.revision, check } };
-  return { state: { ...s, current: { ...cur, phase: "failed", check } }, action: { do: "look" } };
+  const owed = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { recordOwed: true } : {};
+  const back = s.lastGood;
+  if (owed.recordOwed && ctx.policy.rollback && back && back.checksum !== cur.work.checksum) {
+    const rollingBack: Current = { ...cur, ...owed, phase: "rolling-back", check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
+    return { state: { ...s, current: rollingBack }, action: { do: "apply", target: "last-good" } };
+  }
+  return { state: { ...s, current: { ...cur, ...owed, phase: "failed", check } }, action: { do: "look" } };
 }
 
-function failureRecorded(s: NodeRollout, ctx: Ctx): { state: NodeRollout; action: Action } {
+function failureRecorded(s: NodeRollout): { state: NodeRollout; action: Action } {
   const cur = s.current;
-  if (!cur || cur.phase !== "failing") return { state: s, action: { do: "nothing" } };
-  const back = s.lastGood;
-  if (ctx.policy.rollback && back && back.checksum !== cur.work.checksum) {
-    return { state: { ...s, current: { ...cur, phase: "rolling-back", since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } } }, action: { do: "apply", target: "last-good" } };
-  }
-  return { state: { ...s, current: { ...cur, phase: "failed" } }, action: { do: "look" } };
+  if (!cur?.recordOwed) return { state: s, action: { do: "nothing" } };
+  const { recordOwed: _, ...rest } = cur;
+  return { state: { ...s, current: rest }, action: { do: "nothing" } };
 }
 
 // Not the kind: the OSC controller offers an OSC it has applied as "drift" (its state says it is current), and

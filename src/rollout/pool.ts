@@ -114,14 +114,55 @@ export function budgetSlots(budget: Budget, poolSize: number): number {
 }
 
 /**
+ * The tickets a leader decides on: its watch's view, with the tickets of holders it would drop as just read
+ * (`fresh`: node → ticket, null when it is gone). A holder the view shows without a ticket or asking nothing
+ * that was not read fresh stays a holder: a leader's watch can be behind another leader's admission (two lead
+ * for a moment while the Lease changes hands), and dropping a holder on that would free a slot still in use
+ * (and, its ticket "gone", stop its revision).
+ */
+export function holderView(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, fresh: ReadonlyMap<string, Ticket | null>): Map<string, Ticket> {
+  const view = new Map(tickets);
+  for (const h of record.holders) {
+    const read = fresh.get(h.node);
+    if (read === null) view.delete(h.node);
+    else if (read) view.set(h.node, read);
+    else if (!view.get(h.node)?.request) view.set(h.node, { node: h.node, request: { revision: h.revision, reason: "unconfirmed", since: h.since } });
+  }
+  return view;
+}
+
+/** Holders the view would drop (no ticket, or one that asks for nothing): their tickets are read fresh first. */
+export const dropCandidates = (record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): string[] => record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
+
+/** A name of its own for a piece of work other than an OSC change (a requested restart): never a pool's to stop. */
+export const workRevision = (kind: string, node: string, what: string) => `${kind}/${node}/${what}`;
+/** Whether `revision` is an OSC change's (the Secret's revision, a digest), which a failure stops pool-wide. */
+const poolRevision = (revision: string) => !revision.includes("/");
+
+/**
+ * Holders whose ticket is gone while they held their slot: the garbage collector deleted it with the Node
+ * (the machine was deleted or replaced in its gate) or an operator deleted it. Their change never passed its
+ * gate, and a change that kills machines looks exactly like that, so their revision is recorded as failed
+ * (a failure recorded for that revision already stays, with its own reason): the pool stops there instead of
+ * handing the change to the next node, one machine replacement at a time. A new revision goes on as after
+ * any failure.
+ */
+export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, at: string): PoolRecord {
+  const lost = record.holders.find((h) => !tickets.has(h.node) && poolRevision(h.revision) && h.revision !== record.failed?.revision);
+  if (!lost) return record;
+  return { ...record, failed: { revision: lost.revision, node: lost.node, failure: "its ticket went while it held a slot (its Node was deleted, or an operator deleted the ticket): the change never passed its gate there", at } };
+}
+
+/**
  * The leader's decision on the record as it is now: whom to admit next, and which holders to drop because
- * their ticket is gone (the garbage collector deleted it with the Node, or an operator freed the slot) or
- * asks for nothing (the node gave its slot back and stopped before it said so on the record). A holder
- * that stopped answering is never dropped otherwise: a node that died of its change keeps its slot (the
- * pool stops at k such nodes), however Ready its Node still looks and whatever its Lease's clock says.
+ * their ticket is gone (the garbage collector deleted it with the Node, or an operator freed the slot:
+ * `withLostHolders` records that first) or asks for nothing (the node gave its slot back and stopped before
+ * it said so on the record). A holder that stopped answering is never dropped otherwise: a node that died of
+ * its change keeps its slot (the pool stops at k such nodes), however Ready its Node still looks and
+ * whatever its Lease's clock says.
  */
 export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, k: number): { admit: Ticket[]; drop: string[] } {
-  const drop = record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
+  const drop = dropCandidates(record, tickets);
   const holding = new Set(record.holders.map((h) => h.node));
   const free = k - (record.holders.length - drop.length);
   if (free <= 0) return { admit: [], drop };
@@ -144,11 +185,15 @@ export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticke
   });
 }
 
-/** Holders whose ticket does not show their grant (the leader stopped between the two writes): granted again. */
+/**
+ * Holders whose ticket does not show their grant (the leader stopped between the two writes): granted again.
+ * A grant is of one admission: its `at` is the holder's `since`, so a node admitted again after a grant it
+ * could not confirm (the record no longer showed it) sees its ticket change, and looks again.
+ */
 export function grantsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.filter((h) => {
     const t = tickets.get(h.node);
-    return t?.request !== undefined && t.request.revision === h.revision && t.grant?.revision !== h.revision;
+    return t?.request !== undefined && t.request.revision === h.revision && (t.grant?.revision !== h.revision || t.grant.at !== h.since || t.grant.stopped !== undefined);
   });
 }
 

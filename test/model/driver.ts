@@ -109,4 +109,10 @@ export type Driver = {
   describeLease?(lease: V1Lease): string | undefined;
   /** Which nodes hold a disruption slot, read from the API's objects as this driver's protocol keeps them. */
   holders(store: MemoryStore, pool: { secretName: string; namespace: string }): string[];
+  /**
+   * The revision the protocol stopped pool-wide and the node it names, read from the API's objects (a design
+   * that stops a change whose holder's Node was deleted in its gate says so here: I4 does not hold the pool
+   * to a change it stopped on purpose).
+   */
+  stopped?(store: MemoryStore, pool: { secretName: string; namespace: string }): { revision: string; node: string } | undefined;
 };

@@ -62,6 +62,11 @@ export function newDriver(): Driver {
       const holders = record.value.holders.map((h) => `${h.node}@${h.revision.slice(0, 8)}`).join(" ") || "none";
       return `holders ${holders}${record.value.failed ? `, failed ${record.value.failed.revision.slice(0, 8)}` : ""}`;
     },
+    stopped: (store, pool) => {
+      const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
+      const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
+      return record.ok && record.value.failed ? { revision: record.value.failed.revision, node: record.value.failed.node } : undefined;
+    },
     holders: (store, pool) => {
       const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
       const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
@@ -170,7 +175,11 @@ function startNewAgent(env: AgentEnv): void {
   /** osc/reconcile.ts:61-256 (reconcile, resolve, passGates, applyAndReport), the rollout's part. */
   async function reconcile(): Promise<Wait> {
     const secret = env.secret.current();
-    if (!secret) return periodic(); // reconcile.ts:72-76
+    if (!secret) {
+      // reconcile.ts resolve: a rollback the rollout asks for goes on without the Secret (osc/rollout.ts rollBackPending).
+      if ((await rollout.pending()).do === "apply") return rollBack((await rollout.state()).current?.work.checksum ?? "?");
+      return periodic();
+    }
     // reconcile.ts:79-80
     const parsed = parseRolloutSettings(secret.annotations, source);
     if (parsed.ok) rollout.observe({ secretUid: secret.uid, settings: parsed.value });

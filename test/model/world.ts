@@ -77,6 +77,8 @@ export class World {
   readonly machines = new Map<string, Machine>();
   readonly revisions: Revision[] = [];
   readonly breakages = new Breakages();
+  /** Machines whose Node was deleted while they held a slot (as the driver reads the API's objects). */
+  readonly lostHolders = new Set<string>();
   readonly secret = { name: "osc-pool-a", namespace: "kube-system", uid: "" };
   step = 0;
   private names = 0;
@@ -220,6 +222,8 @@ export class World {
 
   /** The machine leaves the pool: its Node is deleted (with what the Node owns). */
   remove(m: Machine): void {
+    // Its Node deleted while it held a slot: the change it held it for never passed its gate there.
+    if (this.driver.holders(this.store, this.pool()).includes(m.name)) this.lostHolders.add(m.name);
     this.kill(m);
     this.machines.delete(m.name);
     this.clock.dropOwner(`${m.name}.kubelet`);

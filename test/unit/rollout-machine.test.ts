@@ -4,9 +4,9 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, encodePool, grantsOwed, movesOwed, type PoolRecord, stopsOwed, type Ticket, withHolder } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
 
-const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true };
+const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
 const ctx = (s: number, p = policy): Ctx => ({ now: at(s), wallIso: new Date(at(s).wallMs).toISOString(), policy: p });
 const work = (o: Partial<Work> & { revision: string }): Work => ({ kind: "osc", checksum: `c-${o.revision}`, base: `b-${o.revision}`, disruption: { units: ["kubelet.service"], paths: [] }, ...o });
@@ -117,8 +117,8 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
       [200, { type: "applied", complete: false, error: "containerd.service: failed" }],
       [301, { type: "applied", complete: false, error: "containerd.service: failed" }],
     ]);
-    expect(r.actions.map((a) => a.do)).toEqual(["apply", "apply", "record-failure"]);
-    expect(r.state.current).toMatchObject({ phase: "failing", check: "apply: containerd.service: failed" });
+    expect(r.actions.map((a) => a.do)).toEqual(["apply", "apply", "look"]);
+    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: true, check: "apply: containerd.service: failed" });
   });
 
   test("item 2b: an interrupted apply is retried under its admission and gated; it is the last good OSC only after the gate", () => {
@@ -145,7 +145,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
       [100, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
       [302, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
     ]);
-    expect(r.actions.at(-1)).toMatchObject({ do: "record-failure", revision: "r1" });
+    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: true, work: { revision: "r1" } });
   });
 
   test("item 3: a non-disruptive OSC pushed during the settle time is applied under the slot, and the gate then passes", () => {
@@ -180,7 +180,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
     expect(r.action).toEqual({ do: "look" });
     expect(r.state).toBe(gating);
     const failed = run(gating, [[310, { type: "look", healthy: false, check: "kubelet" }]]);
-    expect(failed.actions).toEqual([{ do: "record-failure", revision: "r1", check: "kubelet" }]);
+    expect(failed.state.current).toMatchObject({ phase: "failed", recordOwed: true, check: "kubelet" });
   });
 
   test("a disruptive change pushed during the gate is applied under the same slot, its units added to the gate", () => {
@@ -195,7 +195,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
 describe("failure and rollback", () => {
   const gating = (): NodeRollout => ({ version: 2, lastGood: { checksum: "c-r0", base: "b-r0", at: "t" }, current: { work: work({ revision: "r1" }), phase: "gating", since: at(0) } });
 
-  test("failing: the failure is recorded on the pool first, then the node rolls back under its slot, and that gate passing blocks the change here", () => {
+  test("failing: the node rolls back under its slot at once, the failure is recorded on the pool, and the rollback's gate passing blocks the change here", () => {
     const r = run(gating(), [
       [301, { type: "look", healthy: false, check: "Node Ready: False" }],
       [302, { type: "failure-recorded" }],
@@ -203,16 +203,36 @@ describe("failure and rollback", () => {
       [311, { type: "look", healthy: true }],
       [371, { type: "look", healthy: true }],
     ]);
-    expect(r.actions.map((a) => a.do)).toEqual(["record-failure", "apply", "look", "look", "released"]);
-    expect(r.actions[1]).toEqual({ do: "apply", target: "last-good" });
+    expect(r.actions.map((a) => a.do)).toEqual(["apply", "nothing", "look", "look", "released"]);
+    expect(r.actions[0]).toEqual({ do: "apply", target: "last-good" });
     expect(r.state.blocked).toEqual({ revision: "r1", checksum: "c-r1", check: "Node Ready: False" });
     expect(r.state.lastGood?.checksum).toBe("c-r0");
     expect(step(r.state, { type: "want", work: work({ revision: "r1" }) }, ctx(400)).action).toMatchObject({ do: "hold", reason: "Blocked" });
   });
 
-  test("item 8: while the failure is not recorded, nothing else happens (the slot is kept, the record is retried)", () => {
-    const failing = step(gating(), { type: "look", healthy: false, check: "x" }, ctx(301)).state;
-    expect(step(failing, { type: "want", work: work({ revision: "r2" }) }, ctx(302)).action).toEqual({ do: "record-failure", revision: "r1", check: "x" });
+  test("item 8: a failure not yet on the pool's record (the change cut the node off) does not stop the rollback, but the slot stays until it is recorded", () => {
+    const cutOff = run(gating(), [
+      [301, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable" }],
+      [310, { type: "applied", complete: true }],
+      [311, { type: "look", healthy: true }],
+      [371, { type: "look", healthy: true }],
+      [500, { type: "look", healthy: true }],
+    ]);
+    expect(cutOff.actions.map((a) => a.do)).toEqual(["apply", "look", "look", "look", "look"]);
+    expect(cutOff.state.current).toMatchObject({ phase: "gating", recordOwed: true, rollbackTo: { checksum: "c-r0" } });
+    // Work pushed meanwhile keeps the debt: the failed change happened whatever comes after it.
+    expect(step(cutOff.state, { type: "want", work: work({ revision: "r2" }) }, ctx(501)).state.current?.recordOwed).toBe(true);
+    const back = run(cutOff.state, [
+      [502, { type: "failure-recorded" }],
+      [503, { type: "look", healthy: true }],
+    ]);
+    expect(back.actions.map((a) => a.do)).toEqual(["nothing", "released"]);
+    expect(back.state.blocked?.revision).toBe("r1");
+  });
+
+  test("a gate admitted under the Secret's settings keeps them (an agent restarted without the Secret judges by them)", () => {
+    const s = run(emptyNodeRollout(), [[0, { type: "want", work: work({ revision: "r1" }) }], [1, { type: "granted", revision: "r1" }]], { ...policy, settleMs: 5_000 }).state;
+    expect(s.current?.gate).toEqual({ settleMs: 5_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 });
   });
 
   test("without rollback the node keeps its slot until it is healthy again on its own", () => {
@@ -224,7 +244,7 @@ describe("failure and rollback", () => {
       [400, { type: "look", healthy: true }],
       [460, { type: "look", healthy: true }],
     ], noRollback);
-    expect(r.actions.map((a) => a.do)).toEqual(["record-failure", "look", "hold", "look", "released"]);
+    expect(r.actions.map((a) => a.do)).toEqual(["look", "nothing", "hold", "look", "released"]);
     expect(r.state.blocked?.revision).toBe("r1");
   });
 
@@ -269,6 +289,33 @@ describe("the pool's decisions", () => {
     expect(d).toEqual({ admit: [t("c", "r1", "2026-01-01T00:00:01Z")], drop: [] });
   });
 
+  test("item 1: a holder whose ticket went (its Node deleted in its gate) stops its revision as failed; a failure recorded for it stays; a restart's never stops the pool", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }] };
+    const lost = withLostHolders(rec, tickets(t("b", "r1")), "now");
+    expect(lost.failed).toMatchObject({ revision: "r1", node: "a", at: "now" });
+    expect(decide(lost, tickets(t("b", "r1"), t("c", "r2")), 1)).toEqual({ admit: [t("c", "r2")], drop: ["a"] });
+    expect(stopsOwed(lost, tickets(t("b", "r1")))).toEqual([t("b", "r1")]);
+    const same: PoolRecord = { ...rec, failed: { revision: "r1", node: "x", failure: "Node Ready: False", at: "t" } };
+    expect(withLostHolders(same, tickets(), "now")).toBe(same);
+    const older: PoolRecord = { ...rec, failed: { revision: "r0", node: "x", failure: "y", at: "t" } };
+    expect(withLostHolders(older, tickets(), "now").failed).toMatchObject({ revision: "r1", node: "a" });
+    expect(withLostHolders(rec, tickets(t("a")), "now")).toBe(rec); // gave back, asks nothing: not lost
+    const restart: PoolRecord = { holders: [{ node: "a", revision: workRevision("restart", "a", "h"), since: "t" }] };
+    expect(withLostHolders(restart, tickets(), "now")).toBe(restart);
+  });
+
+  test("a leader's view behind another leader's admission drops nobody: a holder is dropped on its ticket read fresh", () => {
+    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }, { node: "b", revision: "r1", since: "t" }] };
+    const watched = tickets(t("a"), t("c", "r1")); // a's request and b's ticket not seen yet
+    expect(dropCandidates(rec, watched)).toEqual(["a", "b"]);
+    const unread = holderView(rec, watched, new Map());
+    expect(decide(rec, unread, 2)).toEqual({ admit: [], drop: [] });
+    expect(withLostHolders(rec, unread, "now")).toBe(rec);
+    const read = holderView(rec, watched, new Map([["a", t("a")], ["b", null]]));
+    expect(decide(rec, read, 2).drop).toEqual(["a", "b"]);
+    expect(withLostHolders(rec, read, "now").failed).toMatchObject({ revision: "r1", node: "b" });
+  });
+
   test("item 5: holders beyond k (k lowered, pool shrunk) admit nobody", () => {
     const rec: PoolRecord = { holders: ["a", "b", "c"].map((node) => ({ node, revision: "r1", since: "t" })) };
     expect(decide(rec, tickets(t("a", "r1"), t("b", "r1"), t("c", "r1"), t("d", "r1")), 2).admit).toEqual([]);
@@ -295,10 +342,12 @@ describe("the pool's decisions", () => {
     expect(movesOwed(record, tickets(t("a", "r3")))).toEqual([]);
   });
 
-  test("a grant lost between the record and the ticket is owed again", () => {
-    const rec = withHolder({ holders: [] }, "a", "r1", "t");
-    expect(grantsOwed(rec, tickets(t("a", "r1")))).toEqual([{ node: "a", revision: "r1", since: "t" }]);
+  test("a grant lost between the record and the ticket is owed again; so is one of an earlier admission (its time is the holder's since)", () => {
+    const rec = withHolder({ holders: [] }, "a", "r1", "2026-01-01T00:00:00Z");
+    expect(grantsOwed(rec, tickets(t("a", "r1")))).toEqual([{ node: "a", revision: "r1", since: "2026-01-01T00:00:00Z" }]);
     expect(grantsOwed(rec, tickets(t("a", "r1", undefined, "r1")))).toEqual([]);
+    // A grant the node could not confirm (another leader's, whose admission the record lost): the new one differs.
+    expect(grantsOwed(rec, tickets(t("a", "r1", "2025-12-31T00:00:00Z", "r1")))).toHaveLength(1);
     expect(admitted(t("a", "r1", undefined, "r1"))).toBe(true);
     expect(admitted({ ...t("a", "r1"), grant: { revision: "r1", at: "t", stopped: "failed elsewhere" } })).toBe(false);
   });

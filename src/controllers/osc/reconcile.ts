@@ -29,7 +29,7 @@ import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
 import { firstHold, type Gates, gatesFor, giveUpSerialLease, holdAfterFailure, serialCoolOffLeft } from "./gates.ts";
 import { finishInPlace, holdInPlace, inPlaceInterrupted } from "./in-place.ts";
 import { invalid, reportFailure, reportSuccess } from "./report.ts";
-import { admit, toWeigh } from "./rollout.ts";
+import { admit, rollBackPending, toWeigh } from "./rollout.ts";
 import { giveUpLease, saveSerial, serialGate, serialState } from "./serial.ts";
 
 /** A registry mirror waiting for its readiness probe is probed again this often. */
@@ -73,6 +73,9 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   const { deps, state } = ctx;
   const secret = state.secret;
   if (!secret) {
+    // A gate that failed while the Secret cannot be read (an agent restarted after its change cut the node off
+    // from the API server) still rolls back: the last good OSC is on disk.
+    if ((await deps.rollout.pending()).do === "apply") return { wait: await rollBackPending(ctx) };
     result(ctx, "waiting");
     ctx.log.info("waiting for the OSC Secret", { secret: `kube-system/${deps.secretName}`, why });
     return { wait: periodic(ctx) };

@@ -44,6 +44,12 @@ export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: 
   return { wait: decision.do === "hold" ? { atMs: ctx.now() + decision.retryAfterMs, why: decision.reason } : periodic(ctx) };
 }
 
+/** The rollback the node's rollout asks for without an OSC to offer (the Secret not read since the agent started). */
+export async function rollBackPending(ctx: OscContext): Promise<Wait> {
+  const failed = (await ctx.deps.rollout.state()).current?.work.checksum ?? "?";
+  return rollBack(ctx, failed);
+}
+
 /** Applies the node's last good OSC again after `failed` failed its gate (under the same slot; its gate follows). */
 async function rollBack(ctx: OscContext, failed: string): Promise<Wait> {
   const { deps, log } = ctx;

@@ -21,7 +21,7 @@ import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.
 import { describeError } from "../../log.ts";
 import { every, later, type Loop, serializer } from "../../loops.ts";
 import { holdBack } from "../../rollout/hold-back.ts";
-import { type Action, type Ctx, emptyNodeRollout, type Event, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
+import { type Action, type Ctx, emptyNodeRollout, type Event, type Gate, type GatePolicy, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
 import { admitted, type Ticket } from "../../rollout/pool.ts";
 import { monotonicMs } from "../../time.ts";
 import { checkHealth, type GateVerdict } from "../health-gate.ts";
@@ -51,12 +51,23 @@ export type Rollout = {
   baseline(applied: { checksum: string; base: string }): Promise<void>;
   /** The node's rollout state as saved. */
   state(): Promise<NodeRollout>;
+  /**
+   * What the rollout asks of the OSC controller by itself, whatever the Secret says: a rollback to apply
+   * (a gate that failed after an agent restart, before the Secret could be read again). Else "wait".
+   */
+  pending(): Promise<Decision>;
   /** The last good OSC's bytes, for a rollback. */
   lastGood(): Promise<{ checksum: string; base: string; osc: Uint8Array } | undefined>;
   /** Called when a decision may have changed (a grant arrived, a gate failed and the node rolls back). */
   onChange(listener: () => void): () => void;
   stop(): Promise<void>;
 };
+
+/** The gate the Secret's rollout settings ask for. */
+function policyOf(settings: RolloutSettings): GatePolicy {
+  const { settleMs, healthTimeoutMs, rollback, probe, probeTimeoutMs } = settings;
+  return { pooled: settings.budget !== undefined, settleMs, healthTimeoutMs, rollback, probeTimeoutMs, ...(probe ? { probe } : {}) };
+}
 
 /** How soon a change of the node's ticket whose handling failed is read and handled again. */
 const ticketRetryMs = 5_000;
@@ -98,18 +109,30 @@ export function startRollout(deps: RolloutDeps): Rollout {
     return cached;
   }
 
-  const ctx = (settings: RolloutSettings): Ctx => {
+  /**
+   * The gate the node judges itself by: the Secret's settings as last read, or — after an agent restart that
+   * could not read the Secret yet — those its current work was admitted under (undefined: neither).
+   */
+  const gateFor = (settings: RolloutSettings | undefined, s: NodeRollout): GatePolicy | undefined => {
+    if (settings) return policyOf(settings);
+    const gate = s.current?.gate;
+    return gate && { ...gate, pooled: true };
+  };
+
+  const ctx = (policy: Ctx["policy"]): Ctx => {
     const now = bootClock();
-    return { now, wallIso: new Date(now.wallMs).toISOString(), policy: { pooled: settings.budget !== undefined, settleMs: settings.settleMs, healthTimeoutMs: settings.healthTimeoutMs, rollback: settings.rollback } };
+    return { now, wallIso: new Date(now.wallMs).toISOString(), policy };
   };
 
   /** Steps `e`, saves the state, makes the pool match it and carries out what needs no other controller. */
-  async function drive(e: Event, settings: RolloutSettings): Promise<Action> {
+  async function drive(e: Event, settings: RolloutSettings | undefined): Promise<Action> {
     let event: Event | undefined = e;
     let action: Action = { do: "nothing" };
     while (event) {
       const before = await load();
-      const r = step(before, event, ctx(settings));
+      const policy = gateFor(settings, before);
+      if (!policy) return action;
+      const r = step(before, event, ctx(policy));
       if (r.state !== before) {
         await store.write(r.state);
         cached = r.state;
@@ -117,25 +140,13 @@ export function startRollout(deps: RolloutDeps): Rollout {
       await report.transition(before, r.state, r.action);
       action = r.action;
       event = await syncPool(r.state);
-      if (event) continue;
-      if (action.do === "record-failure") {
-        await requireMember().recordFailure({ revision: action.revision, node: nodeName(), failure: action.check, at: wallNow().toISOString() });
-        event = { type: "failure-recorded" };
-      } else if (action.do === "released" && (action.passed.kind === "osc" || action.passed.kind === "in-place")) {
-        await keepLastGood(r.state);
-      }
+      if (!event && action.do === "released" && (action.passed.kind === "osc" || action.passed.kind === "in-place")) await keepLastGood(r.state);
     }
     if (action.do === "apply" && action.target === "last-good") changed();
     return action;
   }
 
   const nodeName = () => deps.node.current()?.metadata?.name ?? "";
-
-  function requireMember(): PoolMember {
-    const m = member();
-    if (!m) throw new Error("the Node is not registered yet: the pool's Leases name it");
-    return m.member;
-  }
 
   /** The pool membership for the current Secret and Node (recreated when either changes). */
   function member(): typeof membership {
@@ -163,7 +174,18 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!m) return undefined;
     const cur = s.current;
     const shown = cur ? `${cur.phase === "waiting" ? "waiting" : "holding"}/${cur.work.revision}` : "idle";
-    if (m.shown === shown) return undefined;
+    if (m.shown !== shown) {
+      const lost = await showOnPool(m, s);
+      if (lost) return lost;
+      m.shown = shown;
+    }
+    if (cur?.recordOwed) return recordFailure(m.member, cur);
+    return undefined;
+  }
+
+  /** The node's request (or none) on its ticket, and whether it may still hold what it remembers holding. */
+  async function showOnPool(m: NonNullable<typeof membership>, s: NodeRollout): Promise<Event | undefined> {
+    const cur = s.current;
     if (m.shown === undefined) {
       await m.member.ensureTicket();
       // A slot this node held before its agent stopped may have been freed meanwhile (an operator deleted its
@@ -181,9 +203,22 @@ export function startRollout(deps: RolloutDeps): Rollout {
       void m.ticket?.stop();
       m.ticket = undefined;
     }
-    m.shown = shown;
     m.leader.campaign(cur?.phase === "waiting");
     return undefined;
+  }
+
+  /**
+   * Writes the failure on the pool's record. Out of reach (the change may have cut the node off), it is written
+   * at a later look: the node rolls back meanwhile and keeps its slot until then.
+   */
+  async function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): Promise<Event | undefined> {
+    try {
+      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString() });
+      return { type: "failure-recorded" };
+    } catch (err) {
+      log.warn("could not record the failed gate on the pool's record yet; the node keeps its slot until it does", { revision: cur.work.revision, error: describeError(err) });
+      return undefined;
+    }
   }
 
   /** While the node waits, its ticket is watched for the grant; a ticket deleted under a holder frees it. */
@@ -239,26 +274,27 @@ export function startRollout(deps: RolloutDeps): Rollout {
 
   // The gate's looks run here, whoever applied the work.
   const looks: Loop = every(deps.lookEveryMs ?? 1_000, async () => {
-    const settings = pool?.settings;
-    if (!settings || stopped) return;
+    if (stopped) return;
     await writer
       .run(async () => {
+        const settings = pool?.settings;
         const s = await load();
         const cur = s.current;
+        const gate = gateFor(settings, s);
+        if (!gate) return;
         // A write to the pool that failed (the API server out of reach) is made good here, not at the node's
         // next event, which may never come: a slot given back in the state but not on the record is held for ever.
         if (!cur || cur.phase === "waiting") return void (await syncPool(s));
-        if (cur.phase === "failing") return void (await drive({ type: "want", work: cur.work }, settings));
         // The look that would pass the gate reads the Node from the API server: a node cut off from it (the
         // change broke its network) keeps a cached Node that still says Ready, and must not pass on that.
-        const decisive = cur.healthySince !== undefined && elapsedBetween(cur.healthySince, bootClock()) >= settings.settleMs;
-        const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, settings, decisive);
+        const decisive = cur.healthySince !== undefined && elapsedBetween(cur.healthySince, bootClock()) >= gate.settleMs;
+        const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, gate, decisive);
         await drive(verdict.healthy ? { type: "look", healthy: true } : { type: "look", healthy: false, check: verdict.check }, settings);
       })
       .catch((err: unknown) => log.warn("a look at the node's health failed", { error: describeError(err) }));
   });
 
-  async function look(units: string[], settings: RolloutSettings, fresh: boolean): Promise<GateVerdict> {
+  async function look(units: string[], gate: Gate, fresh: boolean): Promise<GateVerdict> {
     let node = deps.node.current();
     if (fresh && node?.metadata?.name) {
       try {
@@ -269,7 +305,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     }
     return checkHealth(
       { node: () => node, unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs, wallNow: () => wallNow().getTime() },
-      settings,
+      gate,
       { units },
     );
   }
@@ -285,7 +321,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     const cur = s.current;
     const m = member();
     if (!m || !cur || cur.phase === "waiting") return undefined;
-    const r = step(s, { type: "want", work }, ctx(settings));
+    const r = step(s, { type: "want", work }, ctx(policyOf(settings)));
     if (r.action.do !== "apply" || r.action.target !== "work" || r.state.current === cur) return undefined;
     const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget);
     if (moved.ok) return undefined;
@@ -344,6 +380,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
         await keepLastGood(await load());
       }),
     state: () => writer.run(load),
+    pending: () => writer.run(async () => ((await load()).current?.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "wait" })),
     async lastGood() {
       const s = await writer.run(load);
       if (!s.lastGood) return undefined;
@@ -365,5 +402,3 @@ export function startRollout(deps: RolloutDeps): Rollout {
   };
 }
 
-/** A name of its own for a piece of work other than an OSC change (what a pool's failure record never names). */
-export const workRevision = (kind: string, node: string, what: string) => `${kind}/${node}/${what}`;

@@ -40,7 +40,7 @@ export function createRolloutReporter(deps: Pick<OscWorkDeps, "node" | "events" 
   function board(s: NodeRollout): void {
     const cur = s.current;
     deps.status.set("rollout", {
-      ok: cur?.phase !== "failed" && cur?.phase !== "failing",
+      ok: cur?.phase !== "failed" && !cur?.recordOwed,
       summary: cur ? `${cur.phase} ${named(cur.work)}${cur.check ? `: ${cur.check}` : ""}` : "no rollout in progress on this node",
       ...s,
     });
@@ -78,7 +78,7 @@ export function createRolloutReporter(deps: Pick<OscWorkDeps, "node" | "events" 
       if (cur.phase === "applying" && was?.phase !== "applying") {
         await condition("False", "HealthGatePending", `applying ${named(cur.work)}, which restarts ${[...cur.work.disruption.units, ...cur.work.disruption.paths].join(", ")}; then the node must stay healthy`);
       }
-      if (cur.phase === "failing" && was?.phase !== "failing") {
+      if (cur.recordOwed && !was?.recordOwed) {
         const message = `${named(cur.work)} failed its health gate: ${cur.check ?? "?"}; the failure stops the pool's rollout of this revision`;
         await condition("False", "HealthGateFailed", message);
         await event("Warning", "RolloutHealthGateFailed", message);
