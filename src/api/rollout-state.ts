@@ -25,6 +25,7 @@ const V2 = object({
         checksum: v.string(),
         base: v.string(),
         disruption: object({ units: v.array(v.string()), paths: v.array(v.string()) }),
+        changes: v.optional(v.array(v.string())),
       }),
       phase: v.picklist(["waiting", "applying", "gating", "rolling-back", "failed"]),
       since: v.optional(Reading),

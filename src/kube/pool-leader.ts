@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, type Request, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import { microTime } from "./micro-time.ts";
@@ -46,6 +46,8 @@ type Leading = {
   /** The pool's tickets by node, and each node's ticket Lease name. */
   tickets: Map<string, Ticket>;
   leaseOf: Map<string, string>;
+  /** The last request of each ticket that went while this agent led. */
+  departed: Map<string, Request>;
   /** undefined: the record cannot be read (nobody is admitted until it is fixed); none yet is an empty pool. */
   record?: PoolRecord;
   watches: LeaseWatch[];
@@ -151,7 +153,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
 
   function startLeading(): void {
     log.info("leading the pool's rollout: admitting waiting nodes", { lease: name });
-    const state: Leading = { renewedAt: deps.clock(), tickets: new Map(), leaseOf: new Map(), record: { holders: [] }, watches: [], synced: Promise.resolve() };
+    const state: Leading = { renewedAt: deps.clock(), tickets: new Map(), departed: new Map(), leaseOf: new Map(), record: { holders: [] }, watches: [], synced: Promise.resolve() };
     const nodeOf = new Map<string, string>();
     const ticketWatch = api.watch({ labelSelector: `${ticketLabel}=${ref.secret.name}` }, (e) => {
       const key = e.object.metadata?.name as string;
@@ -162,6 +164,9 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
         nodeOf.delete(key);
       }
       const t = e.type === "DELETED" ? undefined : readTicket(e.object, `Lease kube-system/${key}`);
+      // What a ticket that went last asked for: a holder lost with it stops what it was changing (withLostHolders).
+      const request = before !== undefined && e.type === "DELETED" ? readTicket(e.object, `Lease kube-system/${key}`)?.request : undefined;
+      if (request && before !== undefined) state.departed.set(before, request);
       if (t) {
         state.tickets.set(t.node, t);
         state.leaseOf.set(t.node, key);
@@ -224,7 +229,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const written = await compareAndSwap(api, slots, (current) => {
       const read = readPool(current, `Lease kube-system/${slots}`);
       view = holderView(read, l.tickets, fresh);
-      const record = withLostHolders(read, view, at);
+      const record = withLostHolders(read, view, at, (node) => l.departed.get(node));
       lost = record.failed !== read.failed ? record.failed : undefined;
       const d = decide(record, view, k);
       admitted = d.admit;

@@ -4,24 +4,7 @@
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
 import type { Budget } from "../api/rollout.ts";
-import {
-  budgetSlots,
-  decodePool,
-  decodeTicket,
-  encodePool,
-  encodeTicket,
-  type Failure,
-  type Holder,
-  type PoolRecord,
-  poolLeaseLabel,
-  type Request,
-  slotsLeaseName,
-  type Ticket,
-  ticketLabel,
-  ticketName,
-  withHolder,
-  withoutHolders,
-} from "../rollout/pool.ts";
+import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi } from "./lease-api.ts";
 
@@ -110,7 +93,7 @@ export type PoolMember = {
    * failed its gate elsewhere, when the node no longer holds a slot (an operator freed it), or, given the
    * budget, while more nodes hold slots than it allows (k lowered, the pool shrank).
    */
-  moveOn(revision: string, at: string, budget?: Budget): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
+  moveOn(revision: string, at: string, budget?: Budget, changes?: readonly string[]): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
   /** Withdraws the ticket's request and gives the slot back. */
@@ -164,11 +147,11 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
     async holding() {
       return readPool(await api.get(slots), source).holders.find((h) => h.node === ref.node.name);
     },
-    async moveOn(revision, at, budget) {
+    async moveOn(revision, at, budget, changes) {
       let outcome: { ok: true } | { ok: false; stopped?: Failure; overBudget?: true } = { ok: true };
       await updatePool((record) => {
         const mine = record.holders.find((h) => h.node === ref.node.name);
-        if (record.failed?.revision === revision) {
+        if (stops(record.failed, revision, changes)) {
           outcome = { ok: false, stopped: record.failed };
           return undefined;
         }

@@ -5,6 +5,7 @@
 // reaches a node the moment it is written, so one bad kube-apiserver manifest would restart it on every
 // control-plane node together: it passes the same admission, gate and budget as a unit restart. A plan
 // that writes only other files, or enables units, disrupts nothing and is never held back. Pure.
+import { sha256Hex } from "../api/desired.ts";
 import type { Plan } from "../api/plan.ts";
 
 export const alwaysDisruptive: readonly string[] = ["kubelet.service", "containerd.service"];
@@ -31,6 +32,15 @@ export const liveReadDirs: readonly string[] = ["/etc/kubernetes/manifests/", "/
 export function disruptedPaths(plan: Plan): string[] {
   const changed = plan.steps.flatMap((s) => ((s.kind === "write" || s.kind === "remove") && liveReadDirs.some((d) => s.path.startsWith(d)) ? [s.path] : []));
   return [...new Set(changed)];
+}
+
+/**
+ * What the plan changes, one short digest per file, unit or drop-in written (with its content's hash) or
+ * removed: the same change gives the same digest on every node, whatever else its plan holds.
+ */
+export function changesOf(plan: Plan): string[] {
+  const digests = plan.steps.flatMap((s) => (s.kind === "write" ? [`${s.path}\0${s.sha256}`] : s.kind === "remove" ? [`${s.path}\0-`] : []));
+  return [...new Set(digests.map((d) => sha256Hex(d).slice(0, 16)))];
 }
 
 /** What the plan disrupts: counted units and live-read files. */

@@ -34,6 +34,11 @@ export type Work = {
   checksum: string;
   base: string;
   disruption: Disruption;
+  /**
+   * What it changes on the node, one digest per file or unit written or removed (`changesOf`,
+   * src/plan/disruption.ts): a failure of this work stops a later revision that still carries all of it.
+   */
+  changes?: string[];
 };
 
 export type Phase =
@@ -171,7 +176,7 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
     // Still holding the slot: the new work is applied under it (disruptive or not), and the gate starts over
     // for everything it has disrupted since it was admitted.
     const chained: Current = {
-      work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) } },
+      work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) }, ...chainedChanges(cur.work, work) },
       phase: "applying",
       since: ctx.now,
       gate: gateOf(ctx),
@@ -191,6 +196,8 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
 }
 
 const disruptsAny = (w: Work) => disrupts(w.disruption);
+// Everything applied under one admission is what failed, if it fails: a later revision is stopped only if it carries all of it.
+const chainedChanges = (a: Work, b: Work) => (a.changes || b.changes ? { changes: union(a.changes ?? [], b.changes ?? []) } : {});
 const gateOf = ({ policy: { pooled: _, ...gate } }: Ctx): Gate => gate;
 
 function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollout; action: Action } {

@@ -25,8 +25,9 @@ export const requestAnnotation = "rollout.trellis.dev/request";
 export const grantAnnotation = "rollout.trellis.dev/grant";
 
 const HolderSchema = v.object({ node: v.string(), revision: v.string(), since: v.string() });
-const FailureSchema = v.object({ revision: v.string(), node: v.string(), failure: v.string(), at: v.string() });
-const RequestSchema = v.object({ revision: v.string(), reason: v.string(), since: v.string() });
+/** `changes`: what the work changes on the node (`changesOf`, src/plan/disruption.ts), so a failure stops a later revision that still carries it. */
+const FailureSchema = v.object({ revision: v.string(), node: v.string(), failure: v.string(), at: v.string(), changes: v.optional(v.array(v.string())) });
+const RequestSchema = v.object({ revision: v.string(), reason: v.string(), since: v.string(), changes: v.optional(v.array(v.string())) });
 /** `stopped`: not a grant but the leader's word that `revision` failed its gate elsewhere and is not admitted. */
 const GrantSchema = v.object({ revision: v.string(), at: v.string(), stopped: v.optional(v.string()) });
 
@@ -134,6 +135,19 @@ export function holderView(record: PoolRecord, tickets: ReadonlyMap<string, Tick
 /** Holders the view would drop (no ticket, or one that asks for nothing): their tickets are read fresh first. */
 export const dropCandidates = (record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): string[] => record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
 
+/**
+ * Whether the record's failure stops work of `revision` that makes `changes`: the revision that failed, or a
+ * later one that still carries every change the failed work made (Gardener renders a new revision for an
+ * unrelated reason — a rotated token, another extension — and the bad part would go on to k more nodes with
+ * each). A revision that changes any part of what failed (the fix, or a revert) goes on.
+ */
+export function stops(failed: Failure | undefined, revision: string, changes: readonly string[] | undefined): boolean {
+  if (!failed) return false;
+  if (failed.revision === revision) return true;
+  const failedChanges = failed.changes ?? [];
+  return failedChanges.length > 0 && changes !== undefined && failedChanges.every((c) => changes.includes(c));
+}
+
 /** A name of its own for a piece of work other than an OSC change (a requested restart): never a pool's to stop. */
 export const workRevision = (kind: string, node: string, what: string) => `${kind}/${node}/${what}`;
 /** Whether `revision` is an OSC change's (the Secret's revision, a digest), which a failure stops pool-wide. */
@@ -147,10 +161,13 @@ const poolRevision = (revision: string) => !revision.includes("/");
  * handing the change to the next node, one machine replacement at a time. A new revision goes on as after
  * any failure.
  */
-export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, at: string): PoolRecord {
+export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, at: string, lastRequest: (node: string) => Request | undefined): PoolRecord {
   const lost = record.holders.find((h) => !tickets.has(h.node) && poolRevision(h.revision) && h.revision !== record.failed?.revision);
   if (!lost) return record;
-  return { ...record, failed: { revision: lost.revision, node: lost.node, failure: "its ticket went while it held a slot (its Node was deleted, or an operator deleted the ticket): the change never passed its gate there", at } };
+  const asked = lastRequest(lost.node);
+  const changes = asked?.revision === lost.revision ? asked.changes : undefined;
+  const failure = "its ticket went while it held a slot (its Node was deleted, or an operator deleted the ticket): the change never passed its gate there";
+  return { ...record, failed: { revision: lost.revision, node: lost.node, failure, at, ...(changes ? { changes } : {}) } };
 }
 
 /**
@@ -167,7 +184,7 @@ export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>,
   const free = k - (record.holders.length - drop.length);
   if (free <= 0) return { admit: [], drop };
   const waiting = [...tickets.values()]
-    .filter((t) => t.request && !holding.has(t.node) && t.request.revision !== record.failed?.revision)
+    .filter((t) => t.request && !holding.has(t.node) && !stops(record.failed, t.request.revision, t.request.changes))
     .sort((a, b) => compareText(a.request?.since ?? "", b.request?.since ?? "") || compareText(a.node, b.node));
   return { admit: waiting.slice(0, free), drop };
 }
@@ -180,8 +197,8 @@ export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>,
  */
 export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.flatMap((h) => {
-    const asked = tickets.get(h.node)?.request?.revision;
-    return asked !== undefined && asked !== h.revision && asked !== record.failed?.revision ? [{ ...h, revision: asked }] : [];
+    const asked = tickets.get(h.node)?.request;
+    return asked !== undefined && asked.revision !== h.revision && !stops(record.failed, asked.revision, asked.changes) ? [{ ...h, revision: asked.revision }] : [];
   });
 }
 
@@ -208,11 +225,11 @@ export function withoutHolders(record: PoolRecord, nodes: readonly string[]): Po
   return { ...record, holders: record.holders.filter((h) => !nodes.includes(h.node)) };
 }
 
-/** Waiting tickets for the revision that failed, not yet told so. */
+/** Waiting tickets for the revision that failed (or one that carries its changes), not yet told so. */
 export function stopsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Ticket[] {
   const failed = record.failed;
   if (!failed) return [];
-  return [...tickets.values()].filter((t) => t.request?.revision === failed.revision && t.grant?.revision !== failed.revision && !record.holders.some((h) => h.node === t.node));
+  return [...tickets.values()].filter((t) => t.request && stops(failed, t.request.revision, t.request.changes) && t.grant?.revision !== t.request.revision && !record.holders.some((h) => h.node === t.node));
 }
 
 /** Whether `ticket` may go on with what it asked for (granted, and not told that it failed elsewhere). */

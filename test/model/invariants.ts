@@ -6,11 +6,12 @@
 //    machine runs the final revision (with its overlays) if that is good — unless the budget is used up
 //    by machines that are still disrupted (a bad change that broke a node without rollback stops the
 //    pool on purpose), or the protocol stopped the final revision because a holder's Node was deleted
-//    while it held a slot for it (a change whose machine vanished in its gate is unproven: stopping it is
-//    what bounds a change that kills machines; an operator resumes it);
+//    while it held a slot for it or for a revision whose changes the final one still carries (a change
+//    whose machine vanished in its gate is unproven: stopping it is what bounds a change that kills
+//    machines; an operator resumes it);
 // I5 with rollback on, no node ends on an OSC that failed its gate: no alive machine that once ran a good
 //    OSC runs a broken unit (a machine that joined while the OSC was bad has nothing to go back to).
-import { layer, revisionChecksum, sameContent } from "./osc-model.ts";
+import { type Content, layer, revisionChecksum, sameContent } from "./osc-model.ts";
 import { rolloutKey, type World } from "./world.ts";
 
 /** How long a healthy, idle node may have held a slot before that counts as for ever (I3). */
@@ -23,7 +24,7 @@ export function endChecks(w: World, holdingSince: ReadonlyMap<string, number>): 
   const settleMs = w.config.settleSeconds * 1000;
   const short = (c: string | undefined) => c?.slice(0, 8) ?? "nothing";
   const budgetUsedUp = w.truth.disruptions.size + w.deadHolders().length >= w.truth.kNow();
-  const onLoss = stoppedOnLoss(w);
+
   for (const m of w.machines.values()) {
     if (!m.alive) continue;
     const desired = layer(final, w.labelsOf(m));
@@ -31,7 +32,7 @@ export function endChecks(w: World, holdingSince: ReadonlyMap<string, number>): 
     if (since !== undefined && now - since >= heldForEverMs && w.healthy(m) && m.reachable() && !w.truth.disrupted(m.name) && now - m.contentChangedAt >= settleMs + 60_000) {
       w.truth.violate("I3", `${m.name} has held a slot for ${((now - since) / 1000).toFixed(0)}s while alive, healthy and idle (it runs ${short(m.lastApplied)}, changed ${((now - m.contentChangedAt) / 1000).toFixed(0)}s ago)`);
     }
-    if (!budgetUsedUp && !onLoss && w.breakages.good(desired.content) && m.reachable() && !w.paused(m) && !sameContent(m.running, desired.content)) {
+    if (!budgetUsedUp && !stoppedOnLoss(w, desired.content) && w.breakages.good(desired.content) && m.reachable() && !w.paused(m) && !sameContent(m.running, desired.content)) {
       w.truth.violate("I4", `${m.name} never got the good OSC r${final.id} (${short(desired.checksum)}) in the quiet time; it runs ${short(m.lastApplied)}`);
     }
     const broken = w.breakages.in(m.running);
@@ -41,21 +42,27 @@ export function endChecks(w: World, holdingSince: ReadonlyMap<string, number>): 
   }
 }
 
-/** Whether the protocol stopped the final revision because a holder's Node was deleted while it held a slot (I4). */
-function stoppedOnLoss(w: World): boolean {
+/**
+ * Whether the protocol stopped the final revision (what `desired` a machine gets of it) because a holder's
+ * Node was deleted while it held a slot (I4): the revision it held, or a later one that carries every unit
+ * and file version it was changing.
+ */
+function stoppedOnLoss(w: World, desired: Content): boolean {
   const stopped = w.driver.stopped?.(w.store, w.pool());
-  return stopped !== undefined && stopped.revision === revisionChecksum(w.revision()) && w.lostHolders.has(stopped.node);
+  if (!stopped || !w.lostHolders.has(stopped.node)) return false;
+  if (stopped.revision === revisionChecksum(w.revision())) return true;
+  const has = new Set([...Object.entries(desired.units), ...Object.entries(desired.files)].map(([k, v]) => `${k}@${v}`));
+  return (stopped.changes?.length ?? 0) > 0 && (stopped.changes ?? []).every((c) => has.has(c));
 }
 
 /** Whether the pool has finished: nothing disrupted, no slot held, every reachable unpaused machine on the final revision if it is good (or stopped on a lost holder). */
 export function finished(w: World): boolean {
   if (w.truth.disruptions.size > 0 || w.driver.holders(w.store, w.pool()).length > 0) return false;
-  if (stoppedOnLoss(w)) return true;
   const final = w.revision();
   for (const m of w.machines.values()) {
     if (!m.alive || !m.reachable() || w.paused(m)) continue;
     const desired = layer(final, w.labelsOf(m)).content;
-    if (w.breakages.good(desired) && !sameContent(m.running, desired)) return false;
+    if (w.breakages.good(desired) && !sameContent(m.running, desired) && !stoppedOnLoss(w, desired)) return false;
   }
   return true;
 }

@@ -65,7 +65,8 @@ export function newDriver(): Driver {
     stopped: (store, pool) => {
       const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
       const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
-      return record.ok && record.value.failed ? { revision: record.value.failed.revision, node: record.value.failed.node } : undefined;
+      const failed = record.ok ? record.value.failed : undefined;
+      return failed && { revision: failed.revision, node: failed.node, ...(failed.changes ? { changes: failed.changes } : {}) };
     },
     holders: (store, pool) => {
       const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
@@ -215,10 +216,12 @@ function startNewAgent(env: AgentEnv): void {
     // disruptionOf (plan/disruption.ts): the counted units the plan restarts or stops; the model's files are
     // none a running process reads without a restart, so no paths.
     const disruption = { units: env.host.restarts(content).filter((u) => countsAsDisruptive(u, patterns)), paths: [] };
+    // changesOf (plan/disruption.ts): one digest per unit or file written, the same on every node for the same change.
+    const changes = changedEntries(content);
     // osc/rollout.ts admit: a no-op re-check asks nothing of the rollout, unless an OSC's work is under way there.
     const current = (await rollout.state()).current;
     if (planSteps(content) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
-    const decision = await rollout.offer({ ...w, disruption });
+    const decision = await rollout.offer({ ...w, disruption, ...(changes.length > 0 ? { changes } : {}) });
     noteDecision(w, decision);
     if (decision.do === "apply") return decision.target === "last-good" ? { wait: await rollBack(w.checksum) } : { admitted: true };
     return { wait: decision.do === "hold" ? { atMs: now() + decision.retryAfterMs, why: decision.reason } : periodic() };
@@ -241,12 +244,15 @@ function startNewAgent(env: AgentEnv): void {
     await env.host.apply(content, checksum);
   }
 
-  /** How many steps planForNode's plan has: the units and files that differ from what runs. */
-  function planSteps(content: Content): number {
+  /** The units and files that differ from what runs, each as name@version: planForNode's write steps. */
+  function changedEntries(content: Content): string[] {
     const running = env.host.running();
-    const differ = (want: Record<string, string>, have: Record<string, string> | undefined) => Object.entries(want).filter(([k, v]) => have?.[k] !== v).length;
-    return differ(content.units, running?.units) + differ(content.files, running?.files);
+    const differ = (want: Record<string, string>, have: Record<string, string> | undefined) => Object.entries(want).filter(([k, v]) => have?.[k] !== v).map(([k, v]) => `${k}@${v}`);
+    return [...differ(content.units, running?.units), ...differ(content.files, running?.files)];
   }
+
+  /** How many steps planForNode's plan has. */
+  const planSteps = (content: Content) => changedEntries(content).length;
 
   function noteDecision(w: Omit<Work, "disruption">, d: Decision): void {
     const text = d.do === "hold" ? `hold: ${d.reason}` : d.do === "apply" ? `apply ${d.target}` : "wait (gate)";

@@ -29,6 +29,7 @@ export class Trace {
   ) {}
   add(text: string): void {
     this.lines.push(`${(this.now() / 1000).toFixed(1).padStart(7)}s ${text}`);
+    if (process.env.MODEL_LIVE) process.stderr.write(`${this.lines.at(-1)}\n`);
     if (this.lines.length > this.keep * 2) this.lines.splice(0, this.lines.length - this.keep);
   }
   /** Keeps every line from now on (a dump of one schedule). */

@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
 
 const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
@@ -291,17 +291,17 @@ describe("the pool's decisions", () => {
 
   test("item 1: a holder whose ticket went (its Node deleted in its gate) stops its revision as failed; a failure recorded for it stays; a restart's never stops the pool", () => {
     const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t" }] };
-    const lost = withLostHolders(rec, tickets(t("b", "r1")), "now");
+    const lost = withLostHolders(rec, tickets(t("b", "r1")), "now", () => undefined);
     expect(lost.failed).toMatchObject({ revision: "r1", node: "a", at: "now" });
     expect(decide(lost, tickets(t("b", "r1"), t("c", "r2")), 1)).toEqual({ admit: [t("c", "r2")], drop: ["a"] });
     expect(stopsOwed(lost, tickets(t("b", "r1")))).toEqual([t("b", "r1")]);
     const same: PoolRecord = { ...rec, failed: { revision: "r1", node: "x", failure: "Node Ready: False", at: "t" } };
-    expect(withLostHolders(same, tickets(), "now")).toBe(same);
+    expect(withLostHolders(same, tickets(), "now", () => undefined)).toBe(same);
     const older: PoolRecord = { ...rec, failed: { revision: "r0", node: "x", failure: "y", at: "t" } };
-    expect(withLostHolders(older, tickets(), "now").failed).toMatchObject({ revision: "r1", node: "a" });
-    expect(withLostHolders(rec, tickets(t("a")), "now")).toBe(rec); // gave back, asks nothing: not lost
+    expect(withLostHolders(older, tickets(), "now", () => undefined).failed).toMatchObject({ revision: "r1", node: "a" });
+    expect(withLostHolders(rec, tickets(t("a")), "now", () => undefined)).toBe(rec); // gave back, asks nothing: not lost
     const restart: PoolRecord = { holders: [{ node: "a", revision: workRevision("restart", "a", "h"), since: "t" }] };
-    expect(withLostHolders(restart, tickets(), "now")).toBe(restart);
+    expect(withLostHolders(restart, tickets(), "now", () => undefined)).toBe(restart);
   });
 
   test("a leader's view behind another leader's admission drops nobody: a holder is dropped on its ticket read fresh", () => {
@@ -310,10 +310,26 @@ describe("the pool's decisions", () => {
     expect(dropCandidates(rec, watched)).toEqual(["a", "b"]);
     const unread = holderView(rec, watched, new Map());
     expect(decide(rec, unread, 2)).toEqual({ admit: [], drop: [] });
-    expect(withLostHolders(rec, unread, "now")).toBe(rec);
+    expect(withLostHolders(rec, unread, "now", () => undefined)).toBe(rec);
     const read = holderView(rec, watched, new Map([["a", t("a")], ["b", null]]));
     expect(decide(rec, read, 2).drop).toEqual(["a", "b"]);
-    expect(withLostHolders(rec, read, "now").failed).toMatchObject({ revision: "r1", node: "b" });
+    expect(withLostHolders(rec, read, "now", () => undefined).failed).toMatchObject({ revision: "r1", node: "b" });
+  });
+
+  test("a failure stops a later revision that still carries every change the failed work made; a fix (any part of it changed) goes on", () => {
+    const failed = { revision: "r1", node: "a", failure: "x", at: "t", changes: ["app@v1"] };
+    const rec: PoolRecord = { holders: [], failed };
+    expect(stops(failed, "r1", undefined)).toBe(true);
+    expect(stops(failed, "r2", ["app@v1", "conf@f7"])).toBe(true);
+    expect(stops(failed, "r3", ["app@v2", "conf@f7"])).toBe(false);
+    expect(stops({ ...failed, changes: [] }, "r2", ["app@v1"])).toBe(false);
+    const carrying: Ticket = { node: "b", request: { revision: "r2", reason: "osc", since: "t", changes: ["app@v1", "conf@f7"] } };
+    const fix: Ticket = { node: "c", request: { revision: "r3", reason: "osc", since: "t", changes: ["app@v2"] } };
+    expect(decide(rec, tickets(carrying, fix), 2).admit).toEqual([fix]);
+    expect(stopsOwed(rec, tickets(carrying, fix))).toEqual([carrying]);
+    // A holder lost in its gate stops what its ticket last asked for.
+    const lost = withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t" }] }, tickets(), "now", () => ({ revision: "r4", reason: "osc", since: "t", changes: ["kubelet@v9"] }));
+    expect(lost.failed?.changes).toEqual(["kubelet@v9"]);
   });
 
   test("item 5: holders beyond k (k lowered, pool shrunk) admit nobody", () => {

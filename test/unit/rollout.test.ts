@@ -5,7 +5,7 @@ import { parseRolloutSettings, rolloutKeys } from "../../src/api/rollout.ts";
 import { budgetSlots } from "../../src/rollout/pool.ts";
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
-import { disruptedUnits, disruptionOf } from "../../src/plan/disruption.ts";
+import { changesOf, disruptedUnits, disruptionOf } from "../../src/plan/disruption.ts";
 import type { Plan } from "../../src/api/plan.ts";
 import { prng } from "../harness/prng.ts";
 
@@ -206,5 +206,14 @@ describe("disruptive plans", () => {
     const removed = { kind: "remove" as const, target: { type: "file" as const }, path: "/etc/cni/net.d/10-bridge.conflist", reason: "r" };
     const p = plan([at("/etc/kubernetes/manifests/kube-apiserver.yaml"), at("/etc/containerd/certs.d/registry.example/hosts.toml"), removed, at("/etc/kubernetes/manifests.bak"), at("/etc/x")]);
     expect(disruptionOf(p, ["*"])).toEqual({ units: [], paths: ["/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/containerd/certs.d/registry.example/hosts.toml", "/etc/cni/net.d/10-bridge.conflist"] });
+  });
+  test("what a plan changes: one digest per file written (with its content) or removed, the same whatever else the plan holds", () => {
+    const bad = { ...write, path: "/etc/kubelet.conf", sha256: "bad" };
+    const alone = changesOf(plan([bad, restart("kubelet.service")]));
+    expect(alone).toHaveLength(1);
+    const withMore = changesOf(plan([{ ...write, path: "/etc/token", sha256: "t2" }, bad, restart("kubelet.service")]));
+    expect(withMore).toContain(alone[0] as string);
+    expect(changesOf(plan([{ ...bad, sha256: "fixed" }]))).not.toContain(alone[0] as string);
+    expect(changesOf(plan([{ kind: "remove", target: { type: "file" }, path: "/etc/kubelet.conf", reason: "r" }]))).not.toContain(alone[0] as string);
   });
 });

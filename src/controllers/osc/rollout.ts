@@ -7,7 +7,7 @@ import type { RolloutSettings } from "../../api/rollout.ts";
 import type { Progress } from "../../api/state.ts";
 import { applyDesired } from "../../apply/apply.ts";
 import { desiredForNode } from "../../apply/desired-for-node.ts";
-import { disruptionOf } from "../../plan/disruption.ts";
+import { changesOf, disruptionOf } from "../../plan/disruption.ts";
 import { describeStep } from "../../plan/render.ts";
 import type { Work } from "../../rollout/machine.ts";
 import { type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
@@ -33,12 +33,13 @@ export function toWeigh(planned: Plan | undefined, progress: Progress | undefine
  */
 export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<{ admitted: boolean } | { wait: Wait }> {
   const disruption = plan ? disruptionOf(plan, settings.disruptiveUnits) : { units: [], paths: [] };
+  const changes = plan ? changesOf(plan) : [];
   // A no-op re-check asks nothing of the rollout, unless an OSC's work is under way there (a rollback to
   // apply, a gate to follow); a requested restart waiting or gating is the restart controller's, and the
   // end of an apply the rollout was not asked about must not pass for the end of that restart's apply.
   const current = (await ctx.deps.rollout.state()).current;
   if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
-  const decision = await ctx.deps.rollout.offer({ ...w, disruption });
+  const decision = await ctx.deps.rollout.offer({ ...w, disruption, ...(changes.length > 0 ? { changes } : {}) });
   if (decision.do === "apply") return decision.target === "last-good" ? { wait: await rollBack(ctx, w.checksum) } : { admitted: true };
   result(ctx, "held", decision.do === "hold" ? decision.message : `OSC ${w.checksum.slice(0, 12)}: the health gate of this node's last change runs`);
   return { wait: decision.do === "hold" ? { atMs: ctx.now() + decision.retryAfterMs, why: decision.reason } : periodic(ctx) };

@@ -128,6 +128,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
   async function drive(e: Event, settings: RolloutSettings | undefined): Promise<Action> {
     let event: Event | undefined = e;
     let action: Action = { do: "nothing" };
+    let rollingBack = false;
     while (event) {
       const before = await load();
       const policy = gateFor(settings, before);
@@ -137,12 +138,16 @@ export function startRollout(deps: RolloutDeps): Rollout {
         await store.write(r.state);
         cached = r.state;
       }
+      // The bytes follow the state at once: a rollback must find them whatever fails next (the pool out of reach).
+      if (r.state.lastGood !== before.lastGood) await keepLastGood(r.state);
       await report.transition(before, r.state, r.action);
+      rollingBack ||= r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back";
       action = r.action;
       event = await syncPool(r.state);
-      if (!event && action.do === "released" && (action.passed.kind === "osc" || action.passed.kind === "in-place")) await keepLastGood(r.state);
     }
-    if (action.do === "apply" && action.target === "last-good") changed();
+    // Told once, when the node starts rolling back: the OSC controller's offers while it does get the same
+    // answer, and telling it again at each would have it offer again at once, round and round.
+    if (rollingBack) changed();
     return action;
   }
 
@@ -195,7 +200,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
         return { type: "slot-lost" };
       }
     }
-    if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString() }));
+    if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString(), ...(cur.work.changes ? { changes: cur.work.changes } : {}) }));
     else {
       await m.member.release();
       // Nothing to wait or hold for: the ticket is not watched (a node without a rollout costs the API server nothing).
@@ -213,7 +218,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
    */
   async function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): Promise<Event | undefined> {
     try {
-      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString() });
+      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), ...(cur.work.changes ? { changes: cur.work.changes } : {}) });
       return { type: "failure-recorded" };
     } catch (err) {
       log.warn("could not record the failed gate on the pool's record yet; the node keeps its slot until it does", { revision: cur.work.revision, error: describeError(err) });
@@ -323,7 +328,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!m || !cur || cur.phase === "waiting") return undefined;
     const r = step(s, { type: "want", work }, ctx(policyOf(settings)));
     if (r.action.do !== "apply" || r.action.target !== "work" || r.state.current === cur) return undefined;
-    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget);
+    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget, work.changes);
     if (moved.ok) return undefined;
     const retryAfterMs = Math.min(60_000, settings.settleMs || 60_000);
     if (moved.stopped) return { reason: "RolloutStopped", message: `${what} failed its health gate on ${moved.stopped.node} (${moved.stopped.failure}): not applied under this node's slot`, retryAfterMs };
@@ -377,7 +382,6 @@ export function startRollout(deps: RolloutDeps): Rollout {
         const settings = pool?.settings;
         if (!settings || (await load()).lastGood) return;
         await drive({ type: "baseline", ...applied }, settings);
-        await keepLastGood(await load());
       }),
     state: () => writer.run(load),
     pending: () => writer.run(async () => ((await load()).current?.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "wait" })),

@@ -1,7 +1,3 @@
-// NOT IN CI YET (`bun run model:suite`): at fc4de0f the new design still violates I2/I5 in several families
-// (all, holder-death, clock-skew, change-in-gate, overlays, crash-partition; see issue 19's note). It
-// joins CI (renamed *.test.ts) once they pass.
-//
 // The model-based test of the new rollout design (test/model/new-driver.ts: the real startRollout, state
 // machine and pool protocol on every simulated node) in CI: 1,112 schedules of each of the 9 fault families
 // (10,008 in all), each 500 steps with faults and then up to 10 virtual minutes of quiet time (`bun run
