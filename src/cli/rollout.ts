@@ -15,7 +15,8 @@ import { nextOpening, openWindow } from "../api/windows.ts";
 import { rolloutConditionType } from "../controllers/rollout/report.ts";
 import { apiClient, kubeFromConnection } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
-import { budgetSlots, decodePool, type PoolRecord, slotsLeaseName } from "../rollout/pool.ts";
+import { readTicket } from "../kube/pool-leases.ts";
+import { budgetSlots, decodePool, type PoolRecord, slotsLeaseName, ticketLabel } from "../rollout/pool.ts";
 import { connectionFromFlags, connectionOptions } from "./connection-flags.ts";
 import { UsageError } from "./errors.ts";
 
@@ -62,10 +63,11 @@ export async function run(args: string[]): Promise<number> {
 
 export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>, name: string, now: Date): Promise<RolloutReport> {
   const core = apiClient(kube, CoreV1Api);
-  const [secret, nodes, record] = await Promise.all([
+  const [secret, nodes, record, tickets] = await Promise.all([
     core.readNamespacedSecret({ name, namespace: "kube-system" }),
     core.listNode({ labelSelector: `${poolLabel}=${name}` }),
     readRecord(kube, name),
+    apiClient(kube, CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${ticketLabel}=${name}` }),
   ]);
   const bytes = decodeBase64(secret.data?.[oscDataKey] ?? "");
   const checksum = bytes ? oscChecksum(bytes) : "";
@@ -78,7 +80,9 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
   if (!record.ok) problems.push(...record.errors);
   const pool = record.ok ? record.value : { holders: [] };
 
-  const held = [...pool.holders].sort((a, b) => compareText(a.node, b.node)).map((h) => ({ node: h.node, since: h.since, revision: h.revision }));
+  // A holder gives its slot back on its ticket (it asks for nothing); the record shows it until the leader's next pass.
+  const asking = new Set(tickets.items.flatMap((l) => (readTicket(l, `Lease kube-system/${l.metadata?.name}`)?.request ? [l.spec?.holderIdentity ?? ""] : [])));
+  const held = pool.holders.filter((h) => asking.has(h.node)).sort((a, b) => compareText(a.node, b.node)).map((h) => ({ node: h.node, since: h.since, revision: h.revision }));
   const failed = pool.failed?.revision === revision ? pool.failed : undefined;
   const total = settings?.budget ? budgetSlots(settings.budget, pool.poolSize ?? nodes.items.length) : undefined;
 

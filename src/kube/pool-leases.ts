@@ -4,7 +4,7 @@
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
 import type { Budget } from "../api/rollout.ts";
-import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi } from "./lease-api.ts";
 
@@ -33,9 +33,10 @@ export const nodeTicketName = (secret: string, node: string) => ticketName(secre
  * Reads `name`, lets `change` decide the new Lease (undefined: nothing to write) and writes it with the
  * version read; on a conflict, reads again and decides again. Returns the Lease as written (or as read).
  */
-export async function compareAndSwap(api: LeaseApi, name: string, change: (current: V1Lease | undefined) => V1Lease | undefined): Promise<V1Lease | undefined> {
+export async function compareAndSwap(api: LeaseApi, name: string, change: (current: V1Lease | undefined) => V1Lease | undefined, known?: V1Lease): Promise<V1Lease | undefined> {
   for (let attempt = 1; ; attempt++) {
-    const current = await api.get(name);
+    // `known`: the Lease as a watch delivered it, tried first without a read (a conflict reads it).
+    const current = attempt === 1 && known ? known : await api.get(name);
     const next = change(current);
     if (!next) return current;
     try {
@@ -96,7 +97,11 @@ export type PoolMember = {
   moveOn(revision: string, at: string, budget?: Budget, changes?: readonly string[]): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
-  /** Withdraws the ticket's request and gives the slot back. */
+  /**
+   * Withdraws the ticket's request, which gives the slot back: the leader drops the holder from the record in
+   * its next pass. Not the record itself: k holders giving back at once would write it k times, each a
+   * conflict with the others (k² requests of a record that lists k holders).
+   */
   release(): Promise<void>;
   /** The failure on the record for `revision`, if any (one read). */
   stopped(revision: string): Promise<Failure | undefined>;
@@ -173,14 +178,11 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
       await updatePool((record) => (JSON.stringify(record.failed) === JSON.stringify(failure) ? undefined : { ...record, failed: failure }));
     },
     async release() {
-      // The ticket first: once it asks for nothing the leader cannot admit the node again, and a holder entry
-      // left behind by a stop between the two writes is dropped by the leader (src/rollout/pool.ts `decide`).
       await compareAndSwap(api, name, (current) => {
         if (!current) return undefined;
         const t = readTicket(current, `Lease kube-system/${name}`);
         return t?.request || t?.grant ? ticketBody(current, patchAnnotations(current.metadata?.annotations, encodeTicket({}))) : undefined;
       });
-      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined));
     },
     async stopped(revision) {
       const failed = readPool(await api.get(slots), source).failed;

@@ -42,7 +42,8 @@ describe("model: the new design under faults", () => {
       if (r.found.length > 0) console.log(report(r.found, steps, quietMs / 60_000));
       expect(r.schedules).toBe(jobs.length);
       expect(summary(r.found)).toEqual([]);
-    }, 120_000);
+      // About 12 s a family on two free cores; a busy machine (other suites beside it) takes several times that.
+    }, 300_000);
   }
 
   test("the schedules that find today's code's defects find none in the new design", async () => {

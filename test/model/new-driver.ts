@@ -24,7 +24,8 @@ import type { Fields, Logger } from "../../src/log.ts";
 import { describeError } from "../../src/log.ts";
 import { singleFlight } from "../../src/loops.ts";
 import { countsAsDisruptive } from "../../src/plan/disruption.ts";
-import { decodePool, grantAnnotation, holdersAnnotation, requestAnnotation, slotsLeaseName, ticketLabel } from "../../src/rollout/pool.ts";
+import { decodePool, decodeTicket, grantAnnotation, holdersAnnotation, requestAnnotation, slotsLeaseName, type Ticket, ticketLabel } from "../../src/rollout/pool.ts";
+import { nodeTicketName } from "../../src/kube/pool-leases.ts";
 import type { Work } from "../../src/rollout/machine.ts";
 import { backoffDelay } from "../../src/time.ts";
 import type { AgentEnv, Driver } from "./driver.ts";
@@ -73,9 +74,18 @@ export function newDriver(): Driver {
       const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
       // Unreadable is the protocol's own failure (it admits nobody then); the model must not read it as "nobody holds".
       if (!record.ok) throw new Error(record.errors.join("; "));
-      return record.value.holders.map((h) => h.node);
+      // A holder gives its slot back on its ticket (it asks for nothing); the leader drops it from the record later.
+      return record.value.holders.filter((h) => ticketOf(store, pool, h.node)?.request !== undefined).map((h) => h.node);
     },
   };
+}
+
+/** A node's ticket as the store has it (undefined: none, or unreadable). */
+function ticketOf(store: Parameters<Driver["holders"]>[0], pool: { secretName: string; namespace: string }, node: string): Ticket | undefined {
+  const name = nodeTicketName(pool.secretName, node);
+  const lease = store.peek("leases", pool.namespace, name);
+  const r = lease && decodeTicket(node, lease.metadata?.annotations, `Lease ${pool.namespace}/${name}`);
+  return r?.ok ? r.value : undefined;
 }
 
 /**

@@ -108,7 +108,7 @@ export type TrellisAgent = SimAgent & { start(): Promise<void>; roll(revision: s
 /**
  * One trellis agent's side of a rollout, in the controller's order (src/controllers/rollout/controller.ts):
  * its ticket when it starts; on new work the request, then the watch of its ticket (watchTicket) and the
- * campaign while it waits (syncPool); on the grant the request once more (syncPool on the step to
+ * campaign while it waits (syncPool); on the grant a read of the record to confirm it, the request once more (syncPool on the step to
  * holding: a read, nothing changes) and no more campaigning; the apply and the settle time; then the
  * release (syncPool once the state is idle). The watches stay open afterwards, as the controller's do, so
  * the next rollout finds them open.
@@ -150,6 +150,9 @@ export function trellisAgent(o: { api: LeaseApi; ref: PoolRef; budget: () => Bud
       .run(async () => {
         const t = e.type === "DELETED" ? undefined : readTicket(e.object, member.ticketName);
         if (phase !== "waiting" || revision === undefined || !admitted(t) || t?.grant?.revision !== revision) return;
+        // The controller's onTicket: the record decides, not the ticket (one read of the record per grant).
+        const held = await member.holding();
+        if (held?.revision !== revision) return bump(o.tally, "grant not on the record: ignored");
         phase = "holding";
         timeline.granted = monotonicMs();
         // The OSC controller applies outside the ticket's handler (the watch goes on meanwhile), and applies
