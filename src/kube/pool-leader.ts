@@ -211,6 +211,9 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   }
 
   async function resign(): Promise<void> {
+    // A last pass first: holders that gave their slot back on their ticket leave the record with it.
+    const budget = deps.budget();
+    if (lead?.record && budget) await admit(lead, budget).catch((err: unknown) => log.warn("the last admission pass before resigning failed", { error: describeError(err) }));
     // Still leading until the Lease says so: else the others would wait out its duration for nothing.
     if ((await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, undefined) : undefined), true)) === "error") return;
     await abdicate("nobody waits");

@@ -4,7 +4,7 @@
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
 import type { Budget } from "../api/rollout.ts";
-import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder } from "../rollout/pool.ts";
+import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, leaderLeaseName, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi } from "./lease-api.ts";
 
@@ -99,8 +99,9 @@ export type PoolMember = {
   recordFailure(failure: Failure): Promise<void>;
   /**
    * Withdraws the ticket's request, which gives the slot back: the leader drops the holder from the record in
-   * its next pass. Not the record itself: k holders giving back at once would write it k times, each a
-   * conflict with the others (k² requests of a record that lists k holders).
+   * its next pass. Not the record itself while a leader runs: k holders giving back at once would write it k
+   * times, each a conflict with the others (k² requests of a record that lists k holders). With no leader
+   * (nobody waits), the holder leaves the record itself, so that a finished rollout's record is empty.
    */
   release(): Promise<void>;
   /** The failure on the record for `revision`, if any (one read). */
@@ -183,6 +184,8 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
         const t = readTicket(current, `Lease kube-system/${name}`);
         return t?.request || t?.grant ? ticketBody(current, patchAnnotations(current.metadata?.annotations, encodeTicket({}))) : undefined;
       });
+      if ((await api.get(leaderLeaseName(ref.secret.name)))?.spec?.holderIdentity) return;
+      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined));
     },
     async stopped(revision) {
       const failed = readPool(await api.get(slots), source).failed;
