@@ -131,9 +131,11 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     const disruptive = units.filter((u) => u !== deps.selfUnit && countsAsDisruptive(u, pool.settings.disruptiveUnits));
     if (disruptive.length === 0) return {};
     // One piece of work at a time per node: an OSC change under way there goes first (offering the restart
-    // now would take its place in the pool's queue, and it would take the restart's back).
+    // now would take its place in the pool's queue, and it would take the restart's back). Not one the pool
+    // stopped (it failed its gate elsewhere): that one waits in vain, and the restart would wait with it.
     const busy = (await rollout.state()).current;
-    if (busy && busy.work.kind !== "restart") return askAgain(5_000, `the node's rollout is busy with ${busy.work.kind} work (${busy.phase})`);
+    const stoppedOnPool = busy?.phase === "waiting" && rollout.stopped(busy.work.revision);
+    if (busy && busy.work.kind !== "restart" && !stoppedOnPool) return askAgain(5_000, `the node's rollout is busy with ${busy.work.kind} work (${busy.phase})`);
     const a = node.metadata?.annotations ?? {};
     const applied = a[effectiveChecksumAnnotation] ?? a["checksum/cloud-config-data"] ?? "";
     const decision = await rollout.offer({

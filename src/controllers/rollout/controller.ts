@@ -51,6 +51,8 @@ export type Rollout = {
   baseline(applied: { checksum: string; base: string }): Promise<void>;
   /** The node's rollout state as saved. */
   state(): Promise<NodeRollout>;
+  /** Whether the pool's leader said `revision` failed its gate elsewhere while this node waited for it (it waits in vain). */
+  stopped(revision: string): boolean;
   /**
    * What the rollout asks of the OSC controller by itself, whatever the Secret says: a rollback to apply
    * (a gate that failed after an agent restart, before the Secret could be read again). Else "wait".
@@ -99,6 +101,8 @@ export function startRollout(deps: RolloutDeps): Rollout {
   // `shown`: what the pool was last made to show of this node (undefined: not yet since the agent started).
   let membership: { member: PoolMember; leader: PoolLeader; ticket?: LeaseWatch; key: string; shown?: string } | undefined;
   let stopped = false;
+  // Revisions the leader said failed their gate elsewhere while this node waited for them (until one is granted).
+  const stoppedOnPool = new Set<string>();
 
   const changed = () => {
     for (const l of listeners) l();
@@ -255,9 +259,11 @@ export function startRollout(deps: RolloutDeps): Rollout {
         // The record decides, not the ticket: any agent of the pool may write a grant, only an admission is counted.
         const holding = await m.member.holding();
         if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
+        stoppedOnPool.delete(cur.work.revision);
         await drive({ type: "granted", revision: cur.work.revision }, settings);
         changed();
       } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
+        stoppedOnPool.add(cur.work.revision);
         await report.stopped(cur.work, t.grant.stopped);
       } else if (!lease && cur.phase !== "waiting") {
         log.warn("the node's ticket was deleted while it held a slot: the slot is freed", { ticket: m.member.ticketName });
@@ -368,6 +374,12 @@ export function startRollout(deps: RolloutDeps): Rollout {
         if (!settings) throw new Error("no rollout settings yet: the OSC controller has not read the pool's Secret");
         const labels = deps.node.current()?.metadata?.labels ?? {};
         const what = work.kind === "osc" ? `OSC ${work.checksum.slice(0, 12)}` : `${work.kind} ${work.revision}`;
+        // A revision the pool stopped does not take the place of a requested restart waiting for its slot (the
+        // restart went past it: restart.ts); it would only wait in vain, and the restart lose its place in the queue.
+        const cur = (await load()).current;
+        if (cur?.phase === "waiting" && cur.work.kind === "restart" && work.kind !== "restart" && stoppedOnPool.has(work.revision)) {
+          return { do: "hold", reason: "RolloutStopped", message: `${what} failed its health gate on another node: it waits while a requested restart waits for its slot`, retryAfterMs: Math.min(60_000, settings.settleMs || 60_000) };
+        }
         const blocker = holdBack({ what, labels, settings, disrupts: [...work.disruption.units, ...work.disruption.paths], now: wallNow() }) ?? (await slotMovesOn(work, what, settings));
         return decision(await drive({ type: "want", work, ...(blocker ? { holdBack: blocker } : {}) }, settings), settings);
       }),
@@ -384,6 +396,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
         await drive({ type: "baseline", ...applied }, settings);
       }),
     state: () => writer.run(load),
+    stopped: (revision) => stoppedOnPool.has(revision),
     pending: () => writer.run(async () => ((await load()).current?.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "wait" })),
     async lastGood() {
       const s = await writer.run(load);
