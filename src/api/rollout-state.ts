@@ -34,6 +34,7 @@ const V2 = object({
       rollbackTo: v.optional(Good),
       gate: v.optional(Gate),
       recordOwed: v.optional(v.boolean()),
+      pieces: v.optional(v.array(v.array(v.string()))),
     }),
   ),
   lastGood: v.optional(object({ checksum: v.string(), base: v.string(), at: v.string() })),

@@ -4,7 +4,7 @@
 // and stopped the rollout, and every node of the pool: updated, holding a slot, waiting (and for what),
 // failed, paused.
 import { parseArgs } from "node:util";
-import { CoordinationV1Api, CoreV1Api, type V1Node } from "@kubernetes/client-node";
+import { CoordinationV1Api, CoreV1Api, type V1Lease, type V1Node } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { oscChecksum } from "../api/desired.ts";
 import { layeredChecksum, parseOverlays } from "../api/layers.ts";
@@ -16,7 +16,8 @@ import { rolloutConditionType } from "../controllers/rollout/report.ts";
 import { apiClient, kubeFromConnection } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import { readTicket } from "../kube/pool-leases.ts";
-import { budgetSlots, decodePool, type PoolRecord, slotsLeaseName, ticketLabel } from "../rollout/pool.ts";
+import { budgetSlots, decodePool, type PoolRecord, shardOf, slotsLabel, slotsLeaseName, ticketLabel } from "../rollout/pool.ts";
+import type { Result } from "../api/result.ts";
 import { connectionFromFlags, connectionOptions } from "./connection-flags.ts";
 import { UsageError } from "./errors.ts";
 
@@ -105,16 +106,27 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
   };
 }
 
-/** The pool's record (none yet: nothing held). */
-async function readRecord(kube: ReturnType<typeof kubeFromConnection>, name: string) {
+/** The pool's record: shard 0 (the failure, the pool's size) with the holders of every shard (none yet: nothing held). */
+async function readRecord(kube: ReturnType<typeof kubeFromConnection>, name: string): Promise<Result<PoolRecord>> {
+  const leases = apiClient(kube, CoordinationV1Api);
+  let shards: V1Lease[];
   try {
-    const lease = await apiClient(kube, CoordinationV1Api).readNamespacedLease({ name: slotsLeaseName(name), namespace: "kube-system" });
-    return decodePool(lease.metadata?.annotations, `Lease kube-system/${slotsLeaseName(name)}`);
+    shards = (await leases.listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotsLabel}=${name}` })).items;
+    if (!shards.some((l) => l.metadata?.name === slotsLeaseName(name))) {
+      // Shard 0 written before the record had shards carries no label yet.
+      shards.push(await leases.readNamespacedLease({ name: slotsLeaseName(name), namespace: "kube-system" }));
+    }
   } catch (err) {
     const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what: `reading Lease kube-system/${slotsLeaseName(name)}` });
-    if (e.reason === "not-found") return { ok: true as const, value: { holders: [] } as PoolRecord };
+    if (e.reason === "not-found") return { ok: true, value: { holders: [] } };
     throw e;
   }
+  const decoded = shards.filter((l) => shardOf(name, l.metadata?.name ?? "") !== undefined).map((l) => ({ shard: shardOf(name, l.metadata?.name ?? "") ?? 0, r: decodePool(l.metadata?.annotations, `Lease kube-system/${l.metadata?.name}`) }));
+  const errors = decoded.flatMap((d) => (d.r.ok ? [] : d.r.errors));
+  if (errors.length > 0) return { ok: false, errors };
+  const first = decoded.find((d) => d.shard === 0)?.r;
+  const base = first?.ok ? first.value : { holders: [] };
+  return { ok: true, value: { ...base, holders: decoded.flatMap((d) => (d.r.ok ? d.r.value.holders : [])) } };
 }
 
 /** The Secret's revision as the agents compute it (src/controllers/osc/reconcile.ts): osc.yaml and every overlay. */

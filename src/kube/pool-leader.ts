@@ -12,9 +12,10 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, type PoolRecord, poolLeaseLabel, type Request, slotsLeaseName, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
+import type { WatchEvent } from "./watch.ts";
 import { microTime } from "./micro-time.ts";
 import { compareAndSwap, nodeTicketName, patchAnnotations, type PoolRef, readPool, readTicket, secretOwner, slotsLeaseBody } from "./pool-leases.ts";
 
@@ -30,6 +31,8 @@ export type LeaderDeps = {
   wallNow: () => Date;
   leaseDurationMs?: number;
   renewEveryMs?: number;
+  /** Holders per record shard (src/rollout/pool.ts shardCapacity). */
+  shardCapacity?: number;
 };
 
 export type PoolLeader = {
@@ -48,10 +51,11 @@ type Leading = {
   leaseOf: Map<string, string>;
   /** The last request of each ticket that went while this agent led. */
   departed: Map<string, Request>;
-  /** undefined: the record cannot be read (nobody is admitted until it is fixed); none yet is an empty pool. */
-  record?: PoolRecord;
-  /** The record's Lease as the watch delivered it: an admission's write starts from it, without a read. */
-  recordLease?: V1Lease;
+  /**
+   * The record's shards by index, as the watches delivered them: an admission's write starts from the Lease,
+   * without a read. A shard whose record is undefined cannot be read: nobody is admitted until it is fixed.
+   */
+  shards: Map<number, { record?: PoolRecord; lease?: V1Lease }>;
   watches: LeaseWatch[];
   synced: Promise<void>;
 };
@@ -76,6 +80,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   const slots = slotsLeaseName(ref.secret.name);
   const durationMs = deps.leaseDurationMs ?? 30_000;
   const renewEveryMs = deps.renewEveryMs ?? durationMs / 3;
+  const capacity = deps.shardCapacity ?? shardCapacity;
   let wanted = false;
   let stopped = false;
   // What this agent saw of the leader's Lease, and when (its own clock) that last changed.
@@ -165,7 +170,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
 
   function startLeading(): void {
     log.info("leading the pool's rollout: admitting waiting nodes", { lease: name });
-    const state: Leading = { renewedAt: deps.clock(), tickets: new Map(), departed: new Map(), leaseOf: new Map(), record: { holders: [] }, watches: [], synced: Promise.resolve() };
+    const state: Leading = { renewedAt: deps.clock(), tickets: new Map(), departed: new Map(), leaseOf: new Map(), shards: new Map(), watches: [], synced: Promise.resolve() };
     const nodeOf = new Map<string, string>();
     const ticketWatch = api.watch({ labelSelector: `${ticketLabel}=${ref.secret.name}` }, (e) => {
       const key = e.object.metadata?.name as string;
@@ -186,18 +191,25 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       }
       passes.trigger("ticket changed");
     });
-    const recordWatch = api.watch({ name: slots }, (e) => {
+    const onShard = (e: WatchEvent<V1Lease>) => {
+      const key = e.object.metadata?.name ?? "";
+      const shard = shardOf(ref.secret.name, key);
+      if (shard === undefined) return;
+      const lease = e.type === "DELETED" ? undefined : e.object;
       try {
-        state.recordLease = e.type === "DELETED" ? undefined : e.object;
-        state.record = readPool(state.recordLease, `Lease kube-system/${slots}`);
+        if (lease || shard === 0) state.shards.set(shard, { record: readPool(lease, `Lease kube-system/${key}`), ...(lease ? { lease } : {}) });
+        else state.shards.delete(shard);
       } catch (err) {
-        state.record = undefined;
-        log.error("the pool's slots record cannot be read: nobody is admitted until it is fixed", { lease: slots, error: describeError(err) });
+        state.shards.set(shard, { lease });
+        log.error("the pool's slots record cannot be read: nobody is admitted until it is fixed", { lease: key, error: describeError(err) });
       }
       passes.trigger("record changed");
-    });
-    state.watches = [ticketWatch, recordWatch];
-    state.synced = Promise.all([ticketWatch.synced, recordWatch.synced]).then(() => undefined);
+    };
+    // Shard 0 by its name (it is there before any shard has the label), the others by their label.
+    const recordWatch = api.watch({ name: slots }, onShard);
+    const shardWatch = api.watch({ labelSelector: `${slotsLabel}=${ref.secret.name}` }, (e) => (e.object.metadata?.name === slots ? undefined : onShard(e)));
+    state.watches = [ticketWatch, recordWatch, shardWatch];
+    state.synced = Promise.all([ticketWatch.synced, recordWatch.synced, shardWatch.synced]).then(() => undefined);
     lead = state;
     void state.synced.then(() => passes.trigger("leading"));
   }
@@ -213,7 +225,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   async function resign(): Promise<void> {
     // A last pass first: holders that gave their slot back on their ticket leave the record with it.
     const budget = deps.budget();
-    if (lead?.record && budget) await admit(lead, budget).catch((err: unknown) => log.warn("the last admission pass before resigning failed", { error: describeError(err) }));
+    if (lead && budget) await admit(lead, budget).catch((err: unknown) => log.warn("the last admission pass before resigning failed", { error: describeError(err) }));
     // Still leading until the Lease says so: else the others would wait out its duration for nothing.
     if ((await write((current) => (current?.spec?.holderIdentity === ref.node.name ? leaseBody(current, undefined) : undefined), true)) === "error") return;
     await abdicate("nobody waits");
@@ -227,7 +239,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const budget = deps.budget();
     if (!l || !budget || stopped) return;
     await l.synced;
-    if (!l.record) return;
+    if ([...l.shards.values()].some((s) => !s.record)) return;
     try {
       await admit(l, budget);
     } catch (err) {
@@ -238,51 +250,91 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
   async function admit(l: NonNullable<typeof lead>, budget: Budget): Promise<void> {
     const k = budgetSlots(budget, l.tickets.size);
     const at = deps.wallNow().toISOString();
-    let admitted: Ticket[] = [];
-    let lost: PoolRecord["failed"];
-    const fresh = await readTickets(l, dropCandidates(l.record ?? { holders: [] }, l.tickets));
-    let view = l.tickets;
-    const written = await compareAndSwap(api, slots, (current) => {
-      const read = readPool(current, `Lease kube-system/${slots}`);
-      view = holderView(read, l.tickets, fresh);
-      const record = withLostHolders(read, view, at, (node) => l.departed.get(node));
-      lost = record.failed !== read.failed ? record.failed : undefined;
-      const d = decide(record, view, k);
-      admitted = d.admit;
-      let next = d.drop.length > 0 ? withoutHolders(record, d.drop) : record;
-      for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at);
-      for (const h of movesOwed(next, view)) next = withHolder(next, h.node, h.revision, at);
-      if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
-      if (next === read && record.poolSize === l.tickets.size) return undefined;
-      return slotsLeaseBody(ref.secret, current, { ...next, poolSize: l.tickets.size });
-    }, l.recordLease);
-    const record = readPool(written, `Lease kube-system/${slots}`);
-    // The grants of a pass go out together (a wave of k admissions waits for the slowest, not for their sum).
-    await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since }));
-    await inParallel(stopsOwed(record, view), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: `${record.failed?.failure ?? ""} (on ${record.failed?.node ?? "?"})` }));
-    if (lost) log.warn("a holder's ticket went before its change passed its gate: the revision is stopped as failed", { node: lost.node, revision: lost.revision });
+    /** The holders of every shard as the watch shows them, but shard `except`'s. */
+    const held = (except?: number) => [...l.shards].flatMap(([i, s]) => (i === except ? [] : (s.record?.holders ?? [])));
+    const fresh = await readTickets(l, dropCandidates({ holders: held() }, l.tickets));
+    const failed = await recordLost(l, fresh, at);
+    const admitted: Ticket[] = [];
+    const holders: PoolRecord["holders"] = [];
+    const top = Math.max(shardsFor(k, capacity), ...[...l.shards.keys()].map((i) => i + 1));
+    for (let i = 0; i < top; i++) {
+      const known = l.shards.get(i);
+      // Nodes that hold a slot in another shard, or were admitted into one in this pass, wait for nothing here.
+      const elsewhere = new Set([...held(i).map((h) => h.node), ...admitted.map((t) => t.node)]);
+      const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stops(failed, t.request.revision, t.request.changes));
+      // A shard is created only to admit into it.
+      if (i > 0 && !known?.lease && (!candidates || shardSlots(i, k, capacity) === 0)) continue;
+      let view = l.tickets;
+      let admittedHere: Ticket[] = [];
+      const written = await compareAndSwap(api, shardLeaseName(ref.secret.name, i), (current) => {
+        const read = readPool(current, `Lease kube-system/${shardLeaseName(ref.secret.name, i)}`);
+        view = new Map([...holderView(read, l.tickets, fresh)].filter(([node]) => !elsewhere.has(node) || read.holders.some((h) => h.node === node)));
+        const judged: PoolRecord = { ...read, ...(failed ? { failed } : {}) };
+        // Its share of k, and no more than k leaves the other shards (holders admitted under a larger k stay
+        // in shards whose share is smaller now): the shares alone keep writers with different k's within the
+        // largest; this keeps one leader within k.
+        const d = decide(judged, view, Math.min(shardSlots(i, k, capacity), k - held(i).length));
+        admittedHere = d.admit;
+        let next = d.drop.length > 0 ? withoutHolders(read, d.drop) : read;
+        for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at, t.request?.changes ? [t.request.changes] : undefined);
+        // A move lets a holder disrupt again: never while its shard holds more than its share (k lowered).
+        if (next.holders.length <= shardSlots(i, k, capacity)) for (const h of movesOwed({ ...next, ...(failed ? { failed } : {}) }, view)) next = withHolder(next, h.node, h.revision, at, h.changes);
+        if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
+        const poolSize = i === 0 ? l.tickets.size : read.poolSize;
+        if (next === read && read.poolSize === poolSize) return undefined;
+        return slotsLeaseBody(ref.secret, current, { ...next, ...(poolSize !== undefined ? { poolSize } : {}) }, i);
+      }, known?.lease);
+      const record = readPool(written, `Lease kube-system/${shardLeaseName(ref.secret.name, i)}`);
+      if (written) l.shards.set(i, { record, lease: written });
+      admitted.push(...admittedHere);
+      holders.push(...record.holders);
+      // The grants of a shard go out together (a wave of admissions waits for the slowest, not for their sum).
+      await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
+    }
+    const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;
+    await inParallel(stopsOwed({ holders, ...(failed ? { failed } : {}) }, l.tickets), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: told }));
     if (admitted.length > 0) log.info("admitted waiting nodes", { nodes: admitted.map((t) => t.node), k, poolSize: l.tickets.size });
+  }
+
+  /**
+   * Writes on shard 0, before anyone is admitted anywhere, that a holder's ticket went before its gate passed
+   * (withLostHolders). Returns the pool's failure as it stands then.
+   */
+  async function recordLost(l: Leading, fresh: ReadonlyMap<string, Ticket | null>, at: string): Promise<PoolRecord["failed"]> {
+    const failed = l.shards.get(0)?.record?.failed;
+    const all: PoolRecord = { holders: [...l.shards.values()].flatMap((s) => s.record?.holders ?? []), ...(failed ? { failed } : {}) };
+    const lost = withLostHolders(all, holderView(all, l.tickets, fresh), at, (node) => l.departed.get(node)).failed;
+    if (!lost || lost === failed) return failed;
+    const name0 = shardLeaseName(ref.secret.name, 0);
+    const written = await compareAndSwap(api, name0, (current) => {
+      const read = readPool(current, `Lease kube-system/${name0}`);
+      return read.failed?.revision === lost.revision ? undefined : slotsLeaseBody(ref.secret, current, { ...read, failed: lost }, 0);
+    }, l.shards.get(0)?.lease);
+    log.warn("a holder's ticket went before its change passed its gate: the revision is stopped as failed", { node: lost.node, revision: lost.revision });
+    const record = readPool(written, `Lease kube-system/${name0}`);
+    if (written) l.shards.set(0, { record, lease: written });
+    return record.failed;
   }
 
   /** The tickets of `nodes` as the API server has them now (null: gone). */
   async function readTickets(l: Leading, nodes: readonly string[]): Promise<Map<string, Ticket | null>> {
     const fresh = new Map<string, Ticket | null>();
-    for (const node of nodes) {
+    await inParallel(nodes, async (node) => {
       const leaseName = l.leaseOf.get(node) ?? nodeTicketName(ref.secret.name, node);
       const lease = await api.get(leaseName);
       fresh.set(node, (lease && readTicket(lease, `Lease kube-system/${leaseName}`)) ?? null);
-    }
+    });
     return fresh;
   }
 
   /** Writes a grant (or a stop) on a node's ticket, if it still asks for that revision. */
-  async function tell(l: Leading, node: string, grant: { revision: string; at: string; stopped?: string }): Promise<void> {
+  async function tell(l: Leading, node: string, grant: { revision: string; at: string; stopped?: string; shard?: number }): Promise<void> {
     const leaseName = l.leaseOf.get(node);
     if (!leaseName) return;
     await compareAndSwap(api, leaseName, (current) => {
       if (!current) return undefined;
       const t = readTicket(current, `Lease kube-system/${leaseName}`);
-      if (t?.request?.revision !== grant.revision || (t.grant?.revision === grant.revision && t.grant.at === grant.at && t.grant.stopped === grant.stopped)) return undefined;
+      if (t?.request?.revision !== grant.revision || (t.grant?.revision === grant.revision && t.grant.at === grant.at && t.grant.stopped === grant.stopped && t.grant.shard === grant.shard)) return undefined;
       // Only the grant changes: the request stays the node's own text (the admission policy holds the leader to that).
       return { ...current, metadata: { ...current.metadata, annotations: patchAnnotations(current.metadata?.annotations, { [grantAnnotation]: JSON.stringify(grant) }) } };
     });

@@ -4,7 +4,7 @@
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
 import type { Budget } from "../api/rollout.ts";
-import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, leaderLeaseName, poolLeaseLabel, type PoolRecord, type Request, slotsLeaseName, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardSlots, slotsLabel, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi } from "./lease-api.ts";
 
@@ -44,19 +44,21 @@ export async function compareAndSwap(api: LeaseApi, name: string, change: (curre
     } catch (err) {
       const retry = err instanceof KubeError && (err.reason === "conflict" || (err.reason === "not-found" && current !== undefined));
       if (!retry || attempt >= casAttempts) throw err;
+      // Writers that conflicted once tend to again (holders of one wave giving back together): spread them out.
+      await new Promise((r) => setTimeout(r, Math.random() * 25 * attempt));
     }
   }
 }
 
-/** The slots record Lease of `secret` holding `record` (`current`: as read, undefined to create it). */
-export function slotsLeaseBody(secret: PoolRef["secret"], current: V1Lease | undefined, record: PoolRecord): V1Lease {
+/** Shard `shard` of `secret`'s record holding `record` (`current`: as read, undefined to create it). */
+export function slotsLeaseBody(secret: PoolRef["secret"], current: V1Lease | undefined, record: PoolRecord, shard = 0): V1Lease {
   return {
     apiVersion: "coordination.k8s.io/v1",
     kind: "Lease",
     metadata: {
       ...current?.metadata,
-      name: slotsLeaseName(secret.name),
-      labels: { ...current?.metadata?.labels, [poolLeaseLabel]: secret.name },
+      name: shardLeaseName(secret.name, shard),
+      labels: { ...current?.metadata?.labels, [poolLeaseLabel]: secret.name, [slotsLabel]: secret.name },
       annotations: patchAnnotations(current?.metadata?.annotations, encodePool(record)),
       ownerReferences: [secretOwner(secret)],
     },
@@ -87,8 +89,8 @@ export type PoolMember = {
    * and the time of a request for the same revision.
    */
   request(request: Request | undefined): Promise<Ticket | undefined>;
-  /** This node's entry on the record, if it holds a slot. */
-  holding(): Promise<Holder | undefined>;
+  /** This node's entry on the record, if it holds a slot (`shard`: where its grant says it is; else its ticket is read for that). */
+  holding(shard?: number): Promise<Holder | undefined>;
   /**
    * Moves the slot this node holds on to `revision` (work applied under it). Refused when that revision
    * failed its gate elsewhere, when the node no longer holds a slot (an operator freed it), or, given the
@@ -98,20 +100,25 @@ export type PoolMember = {
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
   /**
-   * Withdraws the ticket's request, which gives the slot back: the leader drops the holder from the record in
-   * its next pass. Not the record itself while a leader runs: k holders giving back at once would write it k
-   * times, each a conflict with the others (k² requests of a record that lists k holders). With no leader
-   * (nobody waits), the holder leaves the record itself, so that a finished rollout's record is empty.
+   * Withdraws the ticket's request, then leaves the record (its shard: at most 32 holders write it, so giving
+   * back costs a write whatever k is). The ticket first: once it asks for nothing the leader cannot admit the
+   * node again, and an entry left behind by a stop between the two writes is dropped by the leader.
    */
   release(): Promise<void>;
   /** The failure on the record for `revision`, if any (one read). */
   stopped(revision: string): Promise<Failure | undefined>;
 };
 
-export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
+export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity): PoolMember {
   const name = nodeTicketName(ref.secret.name, ref.node.name);
-  const slots = slotsLeaseName(ref.secret.name);
-  const source = `Lease kube-system/${slots}`;
+  const shardName = (shard: number) => shardLeaseName(ref.secret.name, shard);
+  const source = (shard: number) => `Lease kube-system/${shardName(shard)}`;
+  /** The shard the node's grant names (0 without one). */
+  const myShard = async () => {
+    const lease = await api.get(name);
+    return (lease && readTicket(lease, `Lease kube-system/${name}`)?.grant?.shard) ?? 0;
+  };
+  const readShard = async (shard: number) => readPool(await api.get(shardName(shard)), source(shard));
 
   const ticketBody = (current: V1Lease | undefined, annotations: Record<string, string>): V1Lease => ({
     apiVersion: "coordination.k8s.io/v1",
@@ -127,10 +134,10 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
     spec: { ...current?.spec, holderIdentity: ref.node.name },
   });
 
-  async function updatePool(change: (record: PoolRecord) => PoolRecord | undefined): Promise<void> {
-    await compareAndSwap(api, slots, (current) => {
-      const next = change(readPool(current, source));
-      return next ? slotsLeaseBody(ref.secret, current, next) : undefined;
+  async function updatePool(change: (record: PoolRecord) => PoolRecord | undefined, shard = 0): Promise<void> {
+    await compareAndSwap(api, shardName(shard), (current) => {
+      const next = change(readPool(current, source(shard)));
+      return next ? slotsLeaseBody(ref.secret, current, next, shard) : undefined;
     });
   }
 
@@ -150,15 +157,20 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
       });
       return written ? readTicket(written, `Lease kube-system/${name}`) : undefined;
     },
-    async holding() {
-      return readPool(await api.get(slots), source).holders.find((h) => h.node === ref.node.name);
+    async holding(shard) {
+      const s = shard ?? (await myShard());
+      return (await readShard(s)).holders.find((h) => h.node === ref.node.name);
     },
     async moveOn(revision, at, budget, changes) {
+      const shard = await myShard();
+      // The failure and the pool's size are on shard 0 (read once more inside the swap when that is the node's).
+      const first = shard === 0 ? undefined : await readShard(0);
       let outcome: { ok: true } | { ok: false; stopped?: Failure; overBudget?: true } = { ok: true };
       await updatePool((record) => {
+        const pool = first ?? record;
         const mine = record.holders.find((h) => h.node === ref.node.name);
-        if (stops(record.failed, revision, changes)) {
-          outcome = { ok: false, stopped: record.failed };
+        if (stops(pool.failed, revision, changes)) {
+          outcome = pool.failed ? { ok: false, stopped: pool.failed } : { ok: false };
           return undefined;
         }
         if (!mine) {
@@ -166,29 +178,30 @@ export function poolMember(api: LeaseApi, ref: PoolRef): PoolMember {
           return undefined;
         }
         // The pool's size as the leader last counted it (without a count yet, as few nodes as hold slots).
-        if (budget && mine.revision !== revision && record.holders.length > budgetSlots(budget, record.poolSize ?? record.holders.length)) {
+        if (budget && mine.revision !== revision && record.holders.length > shardSlots(shard, budgetSlots(budget, pool.poolSize ?? record.holders.length), capacity)) {
           outcome = { ok: false, overBudget: true };
           return undefined;
         }
         outcome = { ok: true };
-        return mine.revision === revision ? undefined : withHolder(record, ref.node.name, revision, at);
-      });
+        return mine.revision === revision ? undefined : withHolder(record, ref.node.name, revision, at, mine.changes || changes ? [...(mine.changes ?? []), ...(changes ? [changes] : [])] : undefined);
+      }, shard);
       return outcome;
     },
     async recordFailure(failure) {
       await updatePool((record) => (JSON.stringify(record.failed) === JSON.stringify(failure) ? undefined : { ...record, failed: failure }));
     },
     async release() {
+      let shard = 0;
       await compareAndSwap(api, name, (current) => {
         if (!current) return undefined;
         const t = readTicket(current, `Lease kube-system/${name}`);
+        shard = t?.grant?.shard ?? 0;
         return t?.request || t?.grant ? ticketBody(current, patchAnnotations(current.metadata?.annotations, encodeTicket({}))) : undefined;
       });
-      if ((await api.get(leaderLeaseName(ref.secret.name)))?.spec?.holderIdentity) return;
-      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined));
+      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined), shard);
     },
     async stopped(revision) {
-      const failed = readPool(await api.get(slots), source).failed;
+      const failed = (await readShard(0)).failed;
       return failed?.revision === revision ? failed : undefined;
     },
   };

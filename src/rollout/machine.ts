@@ -66,6 +66,8 @@ export type Current = {
   rollbackTo?: Good;
   /** The gate this work was admitted under: it runs on after an agent restart that cannot read the Secret. */
   gate?: Gate;
+  /** The changes of each piece of work applied under this admission, once more than the first was (`piecesOf`). */
+  pieces?: string[][];
   /**
    * The failure is not on the pool's record yet. The node rolls back at once (its change may have cut it off
    * from the API server, and only the rollback brings it back), but it keeps its slot until the failure is
@@ -176,7 +178,8 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
     // Still holding the slot: the new work is applied under it (disruptive or not), and the gate starts over
     // for everything it has disrupted since it was admitted.
     const chained: Current = {
-      work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) }, ...chainedChanges(cur.work, work) },
+      work: { ...work, disruption: { units: union(cur.work.disruption.units, work.disruption.units), paths: union(cur.work.disruption.paths, work.disruption.paths) } },
+      pieces: [...piecesOf(cur), ...(work.changes ? [work.changes] : [])],
       phase: "applying",
       since: ctx.now,
       gate: gateOf(ctx),
@@ -196,8 +199,11 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
 }
 
 const disruptsAny = (w: Work) => disrupts(w.disruption);
-// Everything applied under one admission is what failed, if it fails: a later revision is stopped only if it carries all of it.
-const chainedChanges = (a: Work, b: Work) => (a.changes || b.changes ? { changes: union(a.changes ?? [], b.changes ?? []) } : {});
+/**
+ * What each piece of work applied under the current admission changed: if the gate fails, any of them may be
+ * what failed, so a later revision that carries any one of them whole is stopped.
+ */
+export const piecesOf = (cur: Current): string[][] => cur.pieces ?? (cur.work.changes ? [cur.work.changes] : []);
 const gateOf = ({ policy: { pooled: _, ...gate } }: Ctx): Gate => gate;
 
 function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollout; action: Action } {

@@ -2,9 +2,12 @@
 // the protocol in docs/rollout-protocol.md).
 //
 // Three kinds of Lease in the Secret's namespace carry it:
-//   - the record `<secret>-slots`: who is admitted to disrupt (the holders), and the revision that failed
-//     its health gate. Every admission is a compare-and-swap on this one object, so "fewer than k holders"
-//     is checked and changed atomically whatever k each writer believes in;
+//   - the record: who is admitted to disrupt (the holders), and the revision that failed its health gate,
+//     in shards of at most 32 holders so that a write's size does not grow with k: `<secret>-slots` (shard
+//     0, also the failure and the pool's size), `<secret>-slots-1`, … Shard i has its fixed share of the k
+//     slots (the first 32 in shard 0, the next 32 in shard 1, …), and every admission is a compare-and-swap
+//     on its shard, so "fewer than k holders" is checked and changed atomically whatever k each writer
+//     believes in: a smaller k fills a prefix of the larger's shares;
 //   - one ticket per node, `<secret>-node-<node>` (owned by the Node: it goes when the Node goes): what the
 //     node asks for, and the grant the leader writes back;
 //   - `<secret>-leader`: the agent that grants, elected among the agents that have something to ask for.
@@ -18,18 +21,30 @@ import { compareText } from "../api/text-order.ts";
 export const ticketPrefix = "node";
 export const poolLeaseLabel = "rollout.trellis.dev/pool";
 export const ticketLabel = "rollout.trellis.dev/ticket";
+/** On every shard of the record (value: the Secret's name), for the leader's one watch of them. */
+export const slotsLabel = "rollout.trellis.dev/slots";
 export const holdersAnnotation = "rollout.trellis.dev/holders";
 export const failedAnnotation = "rollout.trellis.dev/failed";
 export const poolSizeAnnotation = "rollout.trellis.dev/pool-size";
 export const requestAnnotation = "rollout.trellis.dev/request";
 export const grantAnnotation = "rollout.trellis.dev/grant";
 
-const HolderSchema = v.object({ node: v.string(), revision: v.string(), since: v.string() });
-/** `changes`: what the work changes on the node (`changesOf`, src/plan/disruption.ts), so a failure stops a later revision that still carries it. */
-const FailureSchema = v.object({ revision: v.string(), node: v.string(), failure: v.string(), at: v.string(), changes: v.optional(v.array(v.string())) });
+/**
+ * `changes`: what each piece of work the holder was admitted (or moved on) for changes (their requests'), so a
+ * holder lost in its gate stops what it was changing.
+ */
+const HolderSchema = v.object({ node: v.string(), revision: v.string(), since: v.string(), changes: v.optional(v.array(v.array(v.string()))) });
+/**
+ * `changes`: what each piece of work applied under the failed admission changed on the node (`changesOf`,
+ * src/plan/disruption.ts), so a failure stops a later revision that still carries one of them.
+ */
+const FailureSchema = v.object({ revision: v.string(), node: v.string(), failure: v.string(), at: v.string(), changes: v.optional(v.array(v.array(v.string()))) });
 const RequestSchema = v.object({ revision: v.string(), reason: v.string(), since: v.string(), changes: v.optional(v.array(v.string())) });
-/** `stopped`: not a grant but the leader's word that `revision` failed its gate elsewhere and is not admitted. */
-const GrantSchema = v.object({ revision: v.string(), at: v.string(), stopped: v.optional(v.string()) });
+/**
+ * `stopped`: not a grant but the leader's word that `revision` failed its gate elsewhere and is not admitted.
+ * `shard`: the record shard that holds the node (0 when absent).
+ */
+const GrantSchema = v.object({ revision: v.string(), at: v.string(), stopped: v.optional(v.string()), shard: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0))) });
 
 export type Holder = v.InferOutput<typeof HolderSchema>;
 export type Failure = v.InferOutput<typeof FailureSchema>;
@@ -42,6 +57,21 @@ export type PoolRecord = { holders: Holder[]; failed?: Failure; poolSize?: numbe
 export type Ticket = { node: string; request?: Request; grant?: Grant };
 
 export const slotsLeaseName = (secret: string) => `${secret}-slots`;
+
+/** Holders per record shard: a write of the record never lists more (the model checks the protocol with fewer). */
+export const shardCapacity = 32;
+/** The name of shard `i` of the record. */
+export const shardLeaseName = (secret: string, shard: number) => (shard === 0 ? slotsLeaseName(secret) : `${slotsLeaseName(secret)}-${shard}`);
+/** The shard a record Lease's name says (undefined: not one of `secret`'s). */
+export function shardOf(secret: string, leaseName: string): number | undefined {
+  if (leaseName === slotsLeaseName(secret)) return 0;
+  const rest = leaseName.startsWith(`${slotsLeaseName(secret)}-`) ? leaseName.slice(slotsLeaseName(secret).length + 1) : "";
+  return /^[1-9][0-9]{0,5}$/.test(rest) ? Number(rest) : undefined;
+}
+/** Shard `i`'s share of k slots: the first `capacity` are shard 0's, the next shard 1's, … */
+export const shardSlots = (shard: number, k: number, capacity = shardCapacity) => Math.min(capacity, Math.max(0, k - capacity * shard));
+/** How many shards k slots take. */
+export const shardsFor = (k: number, capacity = shardCapacity) => Math.max(1, Math.ceil(k / capacity));
 export const leaderLeaseName = (secret: string) => `${secret}-leader`;
 
 /**
@@ -144,8 +174,7 @@ export const dropCandidates = (record: PoolRecord, tickets: ReadonlyMap<string, 
 export function stops(failed: Failure | undefined, revision: string, changes: readonly string[] | undefined): boolean {
   if (!failed) return false;
   if (failed.revision === revision) return true;
-  const failedChanges = failed.changes ?? [];
-  return failedChanges.length > 0 && changes !== undefined && failedChanges.every((c) => changes.includes(c));
+  return changes !== undefined && (failed.changes ?? []).some((piece) => piece.length > 0 && piece.every((c) => changes.includes(c)));
 }
 
 /** A name of its own for a piece of work other than an OSC change (a requested restart): never a pool's to stop. */
@@ -165,7 +194,7 @@ export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string,
   const lost = record.holders.find((h) => !tickets.has(h.node) && poolRevision(h.revision) && h.revision !== record.failed?.revision);
   if (!lost) return record;
   const asked = lastRequest(lost.node);
-  const changes = asked?.revision === lost.revision ? asked.changes : undefined;
+  const changes = lost.changes ?? (asked?.revision === lost.revision && asked.changes ? [asked.changes] : undefined);
   const failure = "its ticket went while it held a slot (its Node was deleted, or an operator deleted the ticket): the change never passed its gate there";
   return { ...record, failed: { revision: lost.revision, node: lost.node, failure, at, ...(changes ? { changes } : {}) } };
 }
@@ -198,7 +227,9 @@ export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>,
 export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.flatMap((h) => {
     const asked = tickets.get(h.node)?.request;
-    return asked !== undefined && asked.revision !== h.revision && !stops(record.failed, asked.revision, asked.changes) ? [{ ...h, revision: asked.revision }] : [];
+    if (asked === undefined || asked.revision === h.revision || stops(record.failed, asked.revision, asked.changes)) return [];
+    const changes = [...(h.changes ?? []), ...(asked.changes ? [asked.changes] : [])];
+    return [{ ...h, revision: asked.revision, ...(changes.length > 0 ? { changes } : {}) }];
   });
 }
 
@@ -215,10 +246,11 @@ export function grantsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Tick
 }
 
 /** The record with `node` admitted for `revision` (or its holding moved on to `revision`). */
-export function withHolder(record: PoolRecord, node: string, revision: string, at: string): PoolRecord {
+/** `changes`: the changes of each piece of work the holder holds the slot for (a move adds its own to the prior's). */
+export function withHolder(record: PoolRecord, node: string, revision: string, at: string, changes?: readonly (readonly string[])[]): PoolRecord {
   const others = record.holders.filter((h) => h.node !== node);
   const prior = record.holders.find((h) => h.node === node);
-  return { ...record, holders: [...others, { node, revision, since: prior?.since ?? at }] };
+  return { ...record, holders: [...others, { node, revision, since: prior?.since ?? at, ...(changes ? { changes: changes.map((p) => [...p]) } : {}) }] };
 }
 
 export function withoutHolders(record: PoolRecord, nodes: readonly string[]): PoolRecord {

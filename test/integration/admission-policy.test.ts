@@ -85,7 +85,8 @@ async function poolNode(of: Agent, secret: string) {
   const uid = (await admin.readNamespacedSecret({ name: secret, namespace })).metadata?.uid as string;
   const ref = { secret: { name: secret, uid }, node: { name: of.name, uid: of.uid } };
   const api = leaseApi(of.kube, namespace, log);
-  return { ref, api, member: poolMember(api, ref) };
+  // Shards of one holder: a second admission goes to the record's shard <secret>-slots-1.
+  return { ref, api, member: poolMember(api, ref, 1) };
 }
 
 /** The heartbeat Lease as controllers/lease.ts writes it. */
@@ -139,7 +140,7 @@ describe("an agent writes what trellis writes to its own objects", () => {
     await gate.release();
   });
 
-  test("its pool's rollout Leases: its ticket asked and given back, the leader's Lease taken and resigned, grants on its own and B's ticket, the record moved on and failed", async () => {
+  test("its pool's rollout Leases: its ticket asked and given back, the leader's Lease taken and resigned, grants on its own and B's ticket, the record and a shard of it written, moved on and failed", async () => {
     // B waits in A's pool: A, leading, writes the grant on B's ticket.
     const [pa, pb] = [await poolNode(a, pool.a), await poolNode(b, pool.a)];
     const since = new Date().toISOString();
@@ -147,14 +148,16 @@ describe("an agent writes what trellis writes to its own objects", () => {
       await p.member.ensureTicket();
       await p.member.request({ revision: "r1", reason: "osc", since });
     }
-    const leader = startPoolLeader({ api: pa.api, ref: pa.ref, log, budget: () => ({ text: "2", count: 2 }), clock: () => performance.now(), wallNow: () => new Date(), renewEveryMs: 200 });
+    const leader = startPoolLeader({ api: pa.api, ref: pa.ref, log, budget: () => ({ text: "2", count: 2 }), clock: () => performance.now(), wallNow: () => new Date(), renewEveryMs: 200, shardCapacity: 1 });
     try {
       leader.campaign(true);
       for (const p of [pa, pb]) {
         await waitFor(`${p.ref.node.name} granted`, async () => admitted(readTicket((await p.api.get(p.member.ticketName)) ?? {}, p.member.ticketName)), 10_000);
       }
       expect((await pa.member.holding())?.revision).toBe("r1");
-      expect(await pa.member.moveOn("r2", new Date().toISOString())).toEqual({ ok: true });
+      expect((await pb.member.holding())?.revision).toBe("r1");
+      expect(await pa.api.get(`${pool.a}-slots-1`)).toBeDefined();
+      for (const p of [pa, pb]) expect(await p.member.moveOn("r2", new Date().toISOString())).toEqual({ ok: true });
       await pa.member.recordFailure({ revision: "r2", node: a.name, failure: "health gate failed", at: new Date().toISOString() });
       for (const p of [pb, pa]) await p.member.release();
       leader.campaign(false);

@@ -112,8 +112,8 @@ export type Driver = {
   /**
    * The revision the protocol stopped pool-wide and the node it names, read from the API's objects (a design
    * that stops a change whose holder's Node was deleted in its gate says so here: I4 does not hold the pool
-   * to a change it stopped on purpose). `changes`: unit and file versions as `name@version`, when the design
-   * also stops later revisions that carry them all.
+   * to a change it stopped on purpose). `changes`: sets of unit and file versions as `name@version`, when the
+   * design also stops later revisions that carry one of them whole.
    */
-  stopped?(store: MemoryStore, pool: { secretName: string; namespace: string }): { revision: string; node: string; changes?: string[] } | undefined;
+  stopped?(store: MemoryStore, pool: { secretName: string; namespace: string }): { revision: string; node: string; changes?: string[][] } | undefined;
 };

@@ -52,7 +52,7 @@ function stoppedOnLoss(w: World, desired: Content): boolean {
   if (!stopped || !w.lostHolders.has(stopped.node)) return false;
   if (stopped.revision === revisionChecksum(w.revision())) return true;
   const has = new Set([...Object.entries(desired.units), ...Object.entries(desired.files)].map(([k, v]) => `${k}@${v}`));
-  return (stopped.changes?.length ?? 0) > 0 && (stopped.changes ?? []).every((c) => has.has(c));
+  return (stopped.changes ?? []).some((piece) => piece.length > 0 && piece.every((c) => has.has(c)));
 }
 
 /** Whether the pool has finished: nothing disrupted, no slot held, every reachable unpaused machine on the final revision if it is good (or stopped on a lost holder). */

@@ -24,7 +24,7 @@ import type { Fields, Logger } from "../../src/log.ts";
 import { describeError } from "../../src/log.ts";
 import { singleFlight } from "../../src/loops.ts";
 import { countsAsDisruptive } from "../../src/plan/disruption.ts";
-import { decodePool, decodeTicket, grantAnnotation, holdersAnnotation, requestAnnotation, slotsLeaseName, type Ticket, ticketLabel } from "../../src/rollout/pool.ts";
+import { decodePool, decodeTicket, grantAnnotation, holdersAnnotation, type PoolRecord, requestAnnotation, slotsLabel, slotsLeaseName, type Ticket, ticketLabel } from "../../src/rollout/pool.ts";
 import { nodeTicketName } from "../../src/kube/pool-leases.ts";
 import type { Work } from "../../src/rollout/machine.ts";
 import { backoffDelay } from "../../src/time.ts";
@@ -64,20 +64,31 @@ export function newDriver(): Driver {
       return `holders ${holders}${record.value.failed ? `, failed ${record.value.failed.revision.slice(0, 8)}` : ""}`;
     },
     stopped: (store, pool) => {
-      const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
-      const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
-      const failed = record.ok ? record.value.failed : undefined;
+      const failed = records(store, pool)[0]?.failed;
       return failed && { revision: failed.revision, node: failed.node, ...(failed.changes ? { changes: failed.changes } : {}) };
     },
-    holders: (store, pool) => {
-      const lease = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
-      const record = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${slotsLeaseName(pool.secretName)}`);
-      // Unreadable is the protocol's own failure (it admits nobody then); the model must not read it as "nobody holds".
-      if (!record.ok) throw new Error(record.errors.join("; "));
-      // A holder gives its slot back on its ticket (it asks for nothing); the leader drops it from the record later.
-      return record.value.holders.filter((h) => ticketOf(store, pool, h.node)?.request !== undefined).map((h) => h.node);
-    },
+    holders: (store, pool) =>
+      records(store, pool)
+        .flatMap((r) => r.holders)
+        // A holder gives its slot back on its ticket (it asks for nothing); the leader drops it from the record later.
+        .filter((h) => ticketOf(store, pool, h.node)?.request !== undefined)
+        .map((h) => h.node),
   };
+}
+
+/**
+ * The record's shards as the store has them, shard 0 first. Unreadable is the protocol's own failure (it
+ * admits nobody then); the model must not read it as "nobody holds".
+ */
+function records(store: Parameters<Driver["holders"]>[0], pool: { secretName: string; namespace: string }): PoolRecord[] {
+  const shard0 = store.peek("leases", pool.namespace, slotsLeaseName(pool.secretName));
+  const others = store.list("leases", pool.namespace, `${slotsLabel}=${pool.secretName}`).items.filter((l) => l.metadata?.name !== slotsLeaseName(pool.secretName));
+  return [shard0, ...others].map((lease) => {
+    const name = lease?.metadata?.name ?? slotsLeaseName(pool.secretName);
+    const r = decodePool(lease?.metadata?.annotations, `Lease ${pool.namespace}/${name}`);
+    if (!r.ok) throw new Error(r.errors.join("; "));
+    return r.value;
+  });
 }
 
 /** A node's ticket as the store has it (undefined: none, or unreadable). */
@@ -142,6 +153,8 @@ function startNewAgent(env: AgentEnv): void {
     clock: env.mono,
     wallNow: () => new Date(env.wall()),
     lookEveryMs,
+    // Shards of two holders: the model's pools (k up to 5) spread over several, as a 5,000-node pool's do.
+    shardCapacity: 2,
   });
 
   // osc/controller.ts:58 (state.failures), osc/context.ts:89-96 (periodic, retryWait)

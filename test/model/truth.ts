@@ -10,7 +10,7 @@
 // I1 at no instant more than k disrupted: checked when a disruption starts (with it, at most k as the
 //    Secret and the pool's Node count give k then — or at any time in the last kGraceMs, the time an
 //    agent may take between its admission and its restart), and after every step (at most the largest
-//    k any running disruption was admitted under);
+//    k any running disruption may have been admitted under: the largest of its start's grace window);
 // I2 a bad change disrupts at most k nodes in total: machines that restarted a running unit into a
 //    broken version, per version, at most the largest k of the run.
 // (I3–I5, judged once the faults stopped and the pool had time to finish, are in invariants.ts.)
@@ -101,7 +101,7 @@ export class Truth {
       return;
     }
     const k = this.kAllowed();
-    this.disruptions.set(machine, { since: this.o.now(), k: this.kNow(), settleMs: o.settleMs, healthySince: undefined, cause: o.cause });
+    this.disruptions.set(machine, { since: this.o.now(), k, settleMs: o.settleMs, healthySince: undefined, cause: o.cause });
     this.o.trace.add(`TRUTH ${machine} disrupted (restarted ${units.join(", ")} for ${o.cause.slice(0, 8)})`);
     const counted = this.countedWith(o.deadHolders);
     if (counted.length > k) this.violate("I1", `${machine} restarted ${units.join(", ")} while ${counted.length} nodes were disrupted with k=${k}: ${this.describe(counted)}`);

@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
 
 const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
@@ -316,20 +316,39 @@ describe("the pool's decisions", () => {
     expect(withLostHolders(rec, read, "now", () => undefined).failed).toMatchObject({ revision: "r1", node: "b" });
   });
 
-  test("a failure stops a later revision that still carries every change the failed work made; a fix (any part of it changed) goes on", () => {
-    const failed = { revision: "r1", node: "a", failure: "x", at: "t", changes: ["app@v1"] };
+  test("a failure stops a later revision that still carries every change of one piece of the failed work; a fix (any part of each piece changed) goes on", () => {
+    // The failed admission applied two pieces: app v1, then (pushed during its gate) kubelet v2.
+    const failed = { revision: "r1", node: "a", failure: "x", at: "t", changes: [["app@v1"], ["kubelet@v2", "conf@f1"]] };
     const rec: PoolRecord = { holders: [], failed };
     expect(stops(failed, "r1", undefined)).toBe(true);
     expect(stops(failed, "r2", ["app@v1", "conf@f7"])).toBe(true);
-    expect(stops(failed, "r3", ["app@v2", "conf@f7"])).toBe(false);
-    expect(stops({ ...failed, changes: [] }, "r2", ["app@v1"])).toBe(false);
+    expect(stops(failed, "r3", ["app@v2", "kubelet@v2", "conf@f7"])).toBe(false);
+    expect(stops(failed, "r4", ["app@v2", "kubelet@v2", "conf@f1"])).toBe(true);
+    expect(stops({ ...failed, changes: [[]] }, "r2", ["app@v1"])).toBe(false);
     const carrying: Ticket = { node: "b", request: { revision: "r2", reason: "osc", since: "t", changes: ["app@v1", "conf@f7"] } };
     const fix: Ticket = { node: "c", request: { revision: "r3", reason: "osc", since: "t", changes: ["app@v2"] } };
     expect(decide(rec, tickets(carrying, fix), 2).admit).toEqual([fix]);
     expect(stopsOwed(rec, tickets(carrying, fix))).toEqual([carrying]);
-    // A holder lost in its gate stops what its ticket last asked for.
-    const lost = withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t" }] }, tickets(), "now", () => ({ revision: "r4", reason: "osc", since: "t", changes: ["kubelet@v9"] }));
-    expect(lost.failed?.changes).toEqual(["kubelet@v9"]);
+    // A holder lost in its gate stops what it held its slot for (its entry's pieces), else what its ticket last asked.
+    const asked = () => ({ revision: "r4", reason: "osc", since: "t", changes: ["kubelet@v9"] });
+    expect(withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t" }] }, tickets(), "now", asked).failed?.changes).toEqual([["kubelet@v9"]]);
+    expect(withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t", changes: [["app@v1"], ["kubelet@v9"]] }] }, tickets(), "now", asked).failed?.changes).toEqual([["app@v1"], ["kubelet@v9"]]);
+    // A move under the slot adds its piece.
+    const moved = movesOwed({ holders: [{ node: "e", revision: "r1", since: "t", changes: [["app@v1"]] }] }, tickets({ node: "e", request: { revision: "r5", reason: "osc", since: "t", changes: ["kubelet@v2"] } }));
+    expect(moved[0]?.changes).toEqual([["app@v1"], ["kubelet@v2"]]);
+  });
+
+  test("the record's shards: each has its fixed share of k (the first 32 in shard 0, …), and any smaller k fills a prefix of a larger k's shares", () => {
+    for (const k of [1, 31, 32, 33, 64, 500, 5000]) {
+      const shares = Array.from({ length: shardsFor(k) + 2 }, (_, i) => shardSlots(i, k));
+      expect(shares.reduce((a, b) => a + b, 0)).toBe(k);
+      expect(shares.every((n) => n <= shardCapacity)).toBe(true);
+      for (const smaller of [1, Math.floor(k / 2), k - 1]) shares.forEach((n, i) => expect(shardSlots(i, smaller)).toBeLessThanOrEqual(n));
+    }
+    expect(shardsFor(500)).toBe(16);
+    expect([shardOf("p", "p-slots"), shardOf("p", "p-slots-3"), shardOf("p", "p-slots-03"), shardOf("p", "p-slots-x"), shardOf("p", "q-slots-1")]).toEqual([0, 3, undefined, undefined, undefined]);
+    expect(shardLeaseName("p", 0)).toBe("p-slots");
+    expect(shardLeaseName("p", 2)).toBe("p-slots-2");
   });
 
   test("item 5: holders beyond k (k lowered, pool shrunk) admit nobody", () => {

@@ -21,7 +21,7 @@ import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.
 import { describeError } from "../../log.ts";
 import { every, later, type Loop, serializer } from "../../loops.ts";
 import { holdBack } from "../../rollout/hold-back.ts";
-import { type Action, type Ctx, emptyNodeRollout, type Event, type Gate, type GatePolicy, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
+import { type Action, type Ctx, emptyNodeRollout, piecesOf, type Event, type Gate, type GatePolicy, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
 import { admitted, type Ticket } from "../../rollout/pool.ts";
 import { monotonicMs } from "../../time.ts";
 import { checkHealth, type GateVerdict } from "../health-gate.ts";
@@ -85,6 +85,8 @@ export type RolloutDeps = OscWorkDeps & {
   wallNow?: () => Date;
   /** How often a running gate looks at the node. */
   lookEveryMs?: number;
+  /** Holders per record shard (src/rollout/pool.ts shardCapacity; the model checks the protocol with fewer). */
+  shardCapacity?: number;
 };
 
 export function startRollout(deps: RolloutDeps): Rollout {
@@ -132,7 +134,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
   async function drive(e: Event, settings: RolloutSettings | undefined): Promise<Action> {
     let event: Event | undefined = e;
     let action: Action = { do: "nothing" };
-    let rollingBack = false;
+    let tell = false;
     while (event) {
       const before = await load();
       const policy = gateFor(settings, before);
@@ -145,13 +147,14 @@ export function startRollout(deps: RolloutDeps): Rollout {
       // The bytes follow the state at once: a rollback must find them whatever fails next (the pool out of reach).
       if (r.state.lastGood !== before.lastGood) await keepLastGood(r.state);
       await report.transition(before, r.state, r.action);
-      rollingBack ||= r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back";
+      // When the node starts rolling back, and when its gate is over (work held back behind it goes now).
+      tell ||= (r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back") || r.action.do === "released";
       action = r.action;
       event = await syncPool(r.state);
     }
-    // Told once, when the node starts rolling back: the OSC controller's offers while it does get the same
-    // answer, and telling it again at each would have it offer again at once, round and round.
-    if (rollingBack) changed();
+    // Told once on each such step: the OSC controller's offers while the node rolls back get the same answer,
+    // and telling it again at each would have it offer again at once, round and round.
+    if (tell) changed();
     return action;
   }
 
@@ -168,8 +171,8 @@ export function startRollout(deps: RolloutDeps): Rollout {
     void membership?.leader.stop();
     void membership?.ticket?.stop();
     const ref = { secret: { name: deps.secretName, uid: pool.secretUid }, node: { name, uid } };
-    const m = poolMember(api, ref);
-    const leader = startPoolLeader({ api, ref, log, budget: () => pool?.settings.budget, clock: deps.clock ?? monotonicMs, wallNow });
+    const m = poolMember(api, ref, deps.shardCapacity);
+    const leader = startPoolLeader({ api, ref, log, budget: () => pool?.settings.budget, clock: deps.clock ?? monotonicMs, wallNow, ...(deps.shardCapacity ? { shardCapacity: deps.shardCapacity } : {}) });
     membership = { member: m, leader, key };
     return membership;
   }
@@ -222,7 +225,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
    */
   async function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): Promise<Event | undefined> {
     try {
-      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), ...(cur.work.changes ? { changes: cur.work.changes } : {}) });
+      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) });
       return { type: "failure-recorded" };
     } catch (err) {
       log.warn("could not record the failed gate on the pool's record yet; the node keeps its slot until it does", { revision: cur.work.revision, error: describeError(err) });
@@ -257,7 +260,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       if (!cur) return;
       if (cur.phase === "waiting" && admitted(t) && t?.grant?.revision === cur.work.revision) {
         // The record decides, not the ticket: any agent of the pool may write a grant, only an admission is counted.
-        const holding = await m.member.holding();
+        const holding = await m.member.holding(t?.grant?.shard ?? 0);
         if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
         stoppedOnPool.delete(cur.work.revision);
         await drive({ type: "granted", revision: cur.work.revision }, settings);

@@ -151,7 +151,7 @@ export function trellisAgent(o: { api: LeaseApi; ref: PoolRef; budget: () => Bud
         const t = e.type === "DELETED" ? undefined : readTicket(e.object, member.ticketName);
         if (phase !== "waiting" || revision === undefined || !admitted(t) || t?.grant?.revision !== revision) return;
         // The controller's onTicket: the record decides, not the ticket (one read of the record per grant).
-        const held = await member.holding();
+        const held = await member.holding(t?.grant?.shard ?? 0);
         if (held?.revision !== revision) return bump(o.tally, "grant not on the record: ignored");
         phase = "holding";
         timeline.granted = monotonicMs();
