@@ -467,7 +467,7 @@ describe("item 6: requested restarts go through the node's rollout admission", (
     const bad = "osc-revision-that-failed";
     const changes = ["0123456789abcdef"];
     await p.b.ask(bad, changes);
-    await p.b.member.recordFailure({ revision: bad, node: otherName, failure: "Node Ready: False (KubeletNotReady)", at: new Date().toISOString(), changes });
+    await p.b.member.recordFailure({ revision: bad, node: otherName, failure: "Node Ready: False (KubeletNotReady)", at: new Date().toISOString(), changes: [changes] });
     await p.b.giveBack();
     expect((await p.read()).failed).toMatchObject({ revision: bad, node: otherName });
 
