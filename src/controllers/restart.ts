@@ -91,7 +91,9 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       return;
     }
     if (value !== handled?.value) {
-      if (retry.pending()) return; // waiting already
+      // Asked again at once on a Node change (unpaused, relabelled) or the rollout's word (a grant): not only
+      // when the retry is due, which may be a minute away while a granted slot would sit idle.
+      retry.cancel();
       const units = requestedUnits(value);
       const admission = await admit(node, value, units);
       if (admission === "wait") return;
@@ -108,7 +110,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
         else if (!(await restart(handled, unit))) failed.push(unit);
       }
       // The gate runs in the rollout controller from here; the slot goes back once the node passed it.
-      if (admission.admitted) await deps.rollout?.applied({ complete: failed.length === 0, checksum: admission.admitted, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
+      if (admission.admitted !== undefined) await deps.rollout?.applied({ complete: failed.length === 0, checksum: admission.admitted, ...(failed.length ? { error: `restarting ${failed.join(", ")} failed` } : {}) });
       await removeAnnotation(handled);
       return;
     } else if (handled.removed || retry.pending()) {
@@ -219,6 +221,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
     trigger();
   };
   const unsubscribe = deps.nodes.subscribe(onNode);
+  const unwatchRollout = deps.rollout?.onChange(trigger);
   const first = deps.nodes.current();
   if (first) onNode(first);
 
@@ -227,6 +230,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       stopped = true;
       const finished = passes.stop();
       unsubscribe();
+      unwatchRollout?.();
       retry.cancel();
       await finished;
     },
