@@ -280,7 +280,9 @@ function failureRecorded(s: NodeRollout): { state: NodeRollout; action: Action }
   const cur = s.current;
   if (!cur?.recordOwed) return { state: s, action: { do: "nothing" } };
   const { recordOwed: _, ...rest } = cur;
-  return { state: { ...s, current: rest }, action: { do: "nothing" } };
+  // What the node does next is unchanged (this step follows whatever event found the record reachable, and
+  // its answer is this one's): the rollback goes on, or the gate's looks.
+  return { state: { ...s, current: rest }, action: cur.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "look" } };
 }
 
 // Not the kind: the OSC controller offers an OSC it has applied as "drift" (its state says it is current), and
