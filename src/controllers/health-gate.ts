@@ -17,7 +17,13 @@ import type { OwnedUnit } from "../api/state.ts";
 import type { UnitStatus } from "../host/systemd.ts";
 import { assessUnit, conditionOf } from "./unit-health.ts";
 
-export type GateVerdict = { healthy: true } | { healthy: false; check: string };
+/**
+ * `node`: the check that failed is about the Node as the API server has it (the decisive look reads it fresh).
+ * `inconclusive`: the node could not see its own health (its Node as the API server has it could not be read,
+ * or the node lifecycle controller marked it Unknown): a partition looks like that as much as a change that
+ * broke the node's network.
+ */
+export type GateVerdict = { healthy: true } | { healthy: false; check: string; node?: true; inconclusive?: true };
 
 export type HealthCheckDeps = {
   node(): V1Node | undefined;
@@ -47,8 +53,10 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
   }
   const node = deps.node();
   const ready = node?.status?.conditions?.find((c) => c.type === "Ready");
-  if (!node) return { healthy: false, check: "Node: not registered" };
-  if (ready?.status !== "True") return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}` };
+  if (!node) return { healthy: false, check: "Node: not registered", node: true };
+  if (ready?.status !== "True") {
+    return { healthy: false, check: `Node Ready: ${ready ? `${ready.status} (${ready.reason ?? ""}${ready.message ? `: ${ready.message}` : ""})` : "no Ready condition"}`, node: true, ...(ready?.status === "Unknown" ? { inconclusive: true as const } : {}) };
+  }
   if (change.units.includes("kubelet.service")) {
     const kubelet = statuses.get("kubelet.service") ?? (await deps.unitStatus("kubelet.service"));
     // When kubelet became active, on the wall clock as it reads now (its time since boot taken back from
@@ -56,7 +64,7 @@ export async function checkHealth(deps: HealthCheckDeps, settings: Pick<RolloutS
     const started = kubelet.stateChangeSinceBootMs !== undefined ? (deps.wallNow ?? Date.now)() - (deps.sinceBoot() - kubelet.stateChangeSinceBootMs) : kubelet.activeEnterTimestamp?.getTime();
     // Heartbeats have whole seconds.
     const heartbeat = new Date(ready.lastHeartbeatTime ?? 0).getTime();
-    if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now" };
+    if (started === undefined || heartbeat < Math.floor(started / 1000) * 1000) return { healthy: false, check: "Node Ready: not yet reported by the kubelet running now", node: true };
   }
   const units = conditionOf(Object.entries(owned).map(([unit, want]) => assessUnit(unit, want, statuses.get(unit) as UnitStatus, deps.stuckThresholdMs, deps.sinceBoot())));
   if (units.reason !== "AllUnitsHealthy") return { healthy: false, check: `SystemdUnitsReady: ${units.reason}: ${units.message}` };

@@ -96,9 +96,11 @@ export type PoolMember = {
    * failed its gate elsewhere, when the node no longer holds a slot (an operator freed it), or, given the
    * budget, while more nodes hold slots than it allows (k lowered, the pool shrank).
    */
-  moveOn(revision: string, at: string, budget?: Budget, changes?: readonly string[]): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
+  moveOn(revision: string, at: string, budget?: Budget, changes?: readonly string[], retryOf?: string): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
+  /** Takes this node's failure of `revision` off the record (it was inconclusive, and the retry passed). */
+  clearFailure(revision: string): Promise<void>;
   /**
    * Withdraws the ticket's request, then leaves the record (its shard: at most 32 holders write it, so giving
    * back costs a write whatever k is). The ticket first: once it asks for nothing the leader cannot admit the
@@ -161,7 +163,7 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
       const s = shard ?? (await myShard());
       return (await readShard(s)).holders.find((h) => h.node === ref.node.name);
     },
-    async moveOn(revision, at, budget, changes) {
+    async moveOn(revision, at, budget, changes, retryOf) {
       const shard = await myShard();
       // The failure and the pool's size are on shard 0 (read once more inside the swap when that is the node's).
       const first = shard === 0 ? undefined : await readShard(0);
@@ -169,7 +171,9 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
       await updatePool((record) => {
         const pool = first ?? record;
         const mine = record.holders.find((h) => h.node === ref.node.name);
-        if (stops(pool.failed, revision, changes)) {
+        // Stopped, unless only by this node's own inconclusive failure that this move retries.
+        const ownRetry = retryOf !== undefined && pool.failed?.revision === retryOf && pool.failed.node === ref.node.name;
+        if (stops(pool.failed, revision, changes) && !ownRetry) {
           outcome = pool.failed ? { ok: false, stopped: pool.failed } : { ok: false };
           return undefined;
         }
@@ -186,6 +190,13 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
         return mine.revision === revision ? undefined : withHolder(record, ref.node.name, revision, at, mine.changes || changes ? [...(mine.changes ?? []), ...(changes ? [changes] : [])] : undefined);
       }, shard);
       return outcome;
+    },
+    async clearFailure(revision) {
+      await updatePool((record) => {
+        if (record.failed?.revision !== revision || record.failed.node !== ref.node.name) return undefined;
+        const { failed: _, ...rest } = record;
+        return rest;
+      });
     },
     async recordFailure(failure) {
       await updatePool((record) => (JSON.stringify(record.failed) === JSON.stringify(failure) ? undefined : { ...record, failed: failure }));

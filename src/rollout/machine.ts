@@ -68,6 +68,16 @@ export type Current = {
   gate?: Gate;
   /** The changes of each piece of work applied under this admission, once more than the first was (`piecesOf`). */
   pieces?: string[][];
+  /** The check that failed last could not tell the change's fault from a partition's (`look`'s `inconclusive`). */
+  inconclusive?: boolean;
+  /** It failed on an inconclusive check: once the rollback passed its gate, the work is tried again (`pass`). */
+  retryable?: boolean;
+  /**
+   * A second try after an inconclusive failure of this revision and the rollback (`pass`): the work (or newer
+   * work the Secret asks for meanwhile, applied under the same slot) passing its gate takes that failure off
+   * the pool's record; failing it is final.
+   */
+  retryOf?: string;
   /**
    * The failure is not on the pool's record yet. The node rolls back at once (its change may have cut it off
    * from the API server, and only the rollback brings it back), but it keeps its slot until the failure is
@@ -110,7 +120,8 @@ export type Event =
   | { type: "applied"; complete: boolean; error?: string; checksum?: string }
   /** One look at the node's health. */
   | { type: "look"; healthy: true }
-  | { type: "look"; healthy: false; check: string }
+  /** `inconclusive`: the node could not see its own health (cut off from the API server, its Node Unknown). */
+  | { type: "look"; healthy: false; check: string; inconclusive?: boolean }
   /** The failure is on the pool's record. */
   | { type: "failure-recorded" }
   /**
@@ -130,8 +141,11 @@ export type Action =
   | { do: "hold"; reason: string; message: string; retryAfterMs?: number }
   /** Look at the node's health again in a moment. */
   | { do: "look" }
-  /** The work is proven: the slot goes back. */
-  | { do: "released"; passed: Work };
+  /**
+   * The work is proven: the slot goes back. `clearFailure`: the pool's failure of that revision was this
+   * node's inconclusive one, and the retry passed: it is taken off the record.
+   */
+  | { do: "released"; passed: Work; clearFailure?: string };
 
 export type Ctx = { now: BootClockReading; wallIso: string; policy: GatePolicy };
 
@@ -185,6 +199,8 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
       gate: gateOf(ctx),
       // A failure not yet recorded stays owed: the failed change happened whatever comes after it.
       ...(cur.recordOwed ? { recordOwed: true } : {}),
+      // Newer work during a retry is the retry: its gate passing clears the inconclusive failure.
+      ...(cur.retryOf && !cur.rollbackTo ? { retryOf: cur.retryOf } : {}),
     };
     return { state: { ...s, current: chained }, action: { do: "apply", target: "work" } };
   }
@@ -219,14 +235,15 @@ function applied(s: NodeRollout, e: { complete: boolean; error?: string; checksu
   if (e.checksum !== undefined && e.checksum !== expected) return { state: s, action: { do: "nothing" } };
   if (!e.complete) {
     // Retried under the same admission; the gate's timeout runs on, so an apply that never completes fails it.
-    const next: Current = { ...cur, check: `apply: ${e.error ?? "incomplete"}` };
+    const { inconclusive: _, ...rest } = cur;
+    const next: Current = { ...rest, check: `apply: ${e.error ?? "incomplete"}` };
     return timedOut(next, ctx) ? fail(s, next, ctx) : { state: { ...s, current: next }, action: { do: "apply", target: cur.phase === "rolling-back" ? "last-good" : "work" } };
   }
   // A rollback's gate is the gate of the OSC gone back to (`rollbackTo` says so).
   return { state: { ...s, current: { ...cur, phase: "gating", healthySince: undefined } }, action: { do: "look" } };
 }
 
-function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: string }, ctx: Ctx): { state: NodeRollout; action: Action } {
+function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: string; inconclusive?: boolean }, ctx: Ctx): { state: NodeRollout; action: Action } {
   const cur = s.current;
   if (!cur || cur.phase === "waiting") return { state: s, action: { do: "nothing" } };
   if (cur.phase === "applying" || cur.phase === "rolling-back") {
@@ -240,8 +257,9 @@ function look(s: NodeRollout, e: { healthy: true } | { healthy: false; check: st
     if (elapsedBetween(since, ctx.now) >= ctx.policy.settleMs) return pass(s, cur, ctx);
     return { state: { ...s, current: { ...cur, healthySince: since } }, action: { do: "look" } };
   }
-  const next: Current = { ...cur, healthySince: undefined, check: cur.phase === "failed" ? cur.check : e.check };
-  if (cur.phase === "failed") return { state: { ...s, current: next }, action: { do: "look" } };
+  if (cur.phase === "failed") return { state: { ...s, current: { ...cur, healthySince: undefined } }, action: { do: "look" } };
+  const { inconclusive: _, ...was } = cur;
+  const next: Current = { ...was, healthySince: undefined, check: e.check, ...(e.inconclusive ? { inconclusive: true } : {}) };
   return timedOut(next, ctx) ? fail(s, next, ctx) : { state: { ...s, current: next }, action: { do: "look" } };
 }
 
@@ -250,6 +268,13 @@ const timedOut = (cur: Current, ctx: Ctx) => cur.since !== undefined && elapsedB
 function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
   // Healthy again, but the pool does not know yet that the change failed: the slot stays until it does.
   if (cur.recordOwed) return { state: { ...s, current: cur }, action: { do: "look" } };
+  if (cur.rollbackTo && cur.retryable) {
+    // The change failed where the node could not see itself (cut off, its Node Unknown), and the node is
+    // healthy and reachable again on its last good OSC: the change is tried once more under the same slot.
+    // A change that cuts the node off fails again, for good; a partition's failure passes and is cleared.
+    const retry: Current = { work: cur.work, phase: "applying", since: ctx.now, retryOf: cur.work.revision, ...(cur.gate ? { gate: cur.gate } : {}), ...(cur.pieces ? { pieces: cur.pieces } : {}) };
+    return { state: { ...s, current: retry }, action: { do: "apply", target: "work" } };
+  }
   if (cur.rollbackTo || cur.phase === "failed") {
     // Healthy again on its last good OSC (or by itself): the slot goes back; the failed revision stays
     // blocked here and on the pool's record.
@@ -260,7 +285,7 @@ function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
     };
   }
   const lastGood = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { checksum: cur.work.checksum, base: cur.work.base, at: ctx.wallIso } : s.lastGood;
-  return { state: { ...s, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work } };
+  return { state: { ...s, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work, ...(cur.retryOf ? { clearFailure: cur.retryOf } : {}) } };
 }
 
 function fail(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
@@ -270,7 +295,11 @@ function fail(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
   const owed = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { recordOwed: true } : {};
   const back = s.lastGood;
   if (owed.recordOwed && ctx.policy.rollback && back && back.checksum !== cur.work.checksum) {
-    const rollingBack: Current = { ...cur, ...owed, phase: "rolling-back", check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
+    // Failed where the node could not see itself (cut off, its Node Unknown, or down: the machine booted
+    // again during the gate): an OSC change is tried once more after the rollback (`pass`).
+    const unseen = cur.inconclusive || (cur.since !== undefined && cur.since.bootId !== ctx.now.bootId);
+    const retryable = unseen && !cur.retryOf && cur.work.kind === "osc" ? { retryable: true } : {};
+    const rollingBack: Current = { ...cur, ...owed, ...retryable, phase: "rolling-back", check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
     return { state: { ...s, current: rollingBack }, action: { do: "apply", target: "last-good" } };
   }
   return { state: { ...s, current: { ...cur, ...owed, phase: "failed", check } }, action: { do: "look" } };

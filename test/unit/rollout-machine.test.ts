@@ -231,6 +231,48 @@ describe("failure and rollback", () => {
     expect(back.state.blocked?.revision).toBe("r1");
   });
 
+  test("a failure the node could not see (cut off, its Node Unknown) is tried once more after the rollback: a pass clears it on the pool, a second failure is final", () => {
+    const rolledBack = run(gating(), [
+      [301, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable", inconclusive: true }],
+      [302, { type: "failure-recorded" }],
+      [310, { type: "applied", complete: true }],
+      [311, { type: "look", healthy: true }],
+      [371, { type: "look", healthy: true }],
+    ]);
+    // Healthy and reachable again on its last good OSC: the change again, under the same slot.
+    expect(rolledBack.actions.at(-1)).toEqual({ do: "apply", target: "work" });
+    expect(rolledBack.state.current).toMatchObject({ phase: "applying", retryOf: "r1", work: { revision: "r1" } });
+    expect(rolledBack.state.current?.rollbackTo).toBeUndefined();
+    const passed = run(rolledBack.state, [
+      [380, { type: "applied", complete: true }],
+      [381, { type: "look", healthy: true }],
+      [441, { type: "look", healthy: true }],
+    ]);
+    expect(passed.actions.at(-1)).toMatchObject({ do: "released", clearFailure: "r1" });
+    expect(passed.state.lastGood?.checksum).toBe("c-r1");
+    const again = run(rolledBack.state, [
+      [380, { type: "applied", complete: true }],
+      [700, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable", inconclusive: true }],
+      [701, { type: "failure-recorded" }],
+      [710, { type: "applied", complete: true }],
+      [711, { type: "look", healthy: true }],
+      [771, { type: "look", healthy: true }],
+    ]);
+    expect(again.actions.at(-1)).toMatchObject({ do: "released" });
+    expect(again.actions.at(-1)).not.toHaveProperty("clearFailure");
+    expect(again.state.blocked?.revision).toBe("r1");
+    // A failure the node saw (a unit failed) is final at once.
+    const seen = run(gating(), [
+      [301, { type: "look", healthy: false, check: "unit kubelet.service: failed" }],
+      [302, { type: "failure-recorded" }],
+      [310, { type: "applied", complete: true }],
+      [311, { type: "look", healthy: true }],
+      [371, { type: "look", healthy: true }],
+    ]);
+    expect(seen.actions.at(-1)).toMatchObject({ do: "released" });
+    expect(seen.state.blocked?.revision).toBe("r1");
+  });
+
   test("a gate admitted under the Secret's settings keeps them (an agent restarted without the Secret judges by them)", () => {
     const s = run(emptyNodeRollout(), [[0, { type: "want", work: work({ revision: "r1" }) }], [1, { type: "granted", revision: "r1" }]], { ...policy, settleMs: 5_000 }).state;
     expect(s.current?.gate).toEqual({ settleMs: 5_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 });

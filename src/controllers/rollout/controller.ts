@@ -7,7 +7,7 @@
 // Every event is stepped, saved and acted on inside one serializer, so no two read-modify-writes of the
 // state interleave; what the state implies on the pool (a request on the ticket, a slot given back) is
 // done after it was saved, and done again after a crash, from the state.
-import type { V1Lease } from "@kubernetes/client-node";
+import type { V1Lease, V1Node } from "@kubernetes/client-node";
 import { lastGoodOscPath, NodeRolloutSchema, rolloutStatePath } from "../../api/rollout-state.ts";
 import type { RolloutSettings } from "../../api/rollout.ts";
 import { type BootClockReading, elapsedBetween, readBootClock } from "../../host/boot-clock.ts";
@@ -151,6 +151,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       tell ||= (r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back") || r.action.do === "released";
       action = r.action;
       event = await syncPool(r.state);
+      if (!event && r.action.do === "released" && r.action.clearFailure) await clearFailure(r.action.clearFailure);
     }
     // Told once on each such step: the OSC controller's offers while the node rolls back get the same answer,
     // and telling it again at each would have it offer again at once, round and round.
@@ -217,6 +218,16 @@ export function startRollout(deps: RolloutDeps): Rollout {
     }
     m.leader.campaign(cur?.phase === "waiting");
     return undefined;
+  }
+
+  /** Takes this node's inconclusive failure off the pool's record once its retry passed (best effort: a new revision goes on anyway). */
+  async function clearFailure(revision: string): Promise<void> {
+    const m = member();
+    if (!m) return;
+    await m.member.clearFailure(revision).then(
+      () => log.info("the change passed its gate when tried again: its inconclusive failure is taken off the pool's record", { revision }),
+      (err: unknown) => log.warn("could not take the inconclusive failure off the pool's record; a new revision goes on anyway", { revision, error: describeError(err) }),
+    );
   }
 
   /**
@@ -301,27 +312,35 @@ export function startRollout(deps: RolloutDeps): Rollout {
         if (!cur || cur.phase === "waiting") return void (await syncPool(s));
         // The look that would pass the gate reads the Node from the API server: a node cut off from it (the
         // change broke its network) keeps a cached Node that still says Ready, and must not pass on that.
-        const decisive = cur.healthySince !== undefined && elapsedBetween(cur.healthySince, bootClock()) >= gate.settleMs;
+        // So does the look that would time the gate out: whether the node could see itself decides whether
+        // its failure is final or tried again after the rollback (a stale cached Node says nothing).
+        const now = bootClock();
+        const timingOut = cur.since !== undefined && elapsedBetween(cur.since, now) >= gate.healthTimeoutMs;
+        const decisive = timingOut || (cur.healthySince !== undefined && elapsedBetween(cur.healthySince, now) >= gate.settleMs);
         const verdict = cur.phase === "applying" || cur.phase === "rolling-back" ? { healthy: true as const } : await look(cur.work.disruption.units, gate, decisive);
-        await drive(verdict.healthy ? { type: "look", healthy: true } : { type: "look", healthy: false, check: verdict.check }, settings);
+        await drive(verdict.healthy ? { type: "look", healthy: true } : { type: "look", healthy: false, check: verdict.check, ...(verdict.inconclusive ? { inconclusive: true } : {}) }, settings);
       })
       .catch((err: unknown) => log.warn("a look at the node's health failed", { error: describeError(err) }));
   });
 
   async function look(units: string[], gate: Gate, fresh: boolean): Promise<GateVerdict> {
-    let node = deps.node.current();
-    if (fresh && node?.metadata?.name) {
-      try {
-        node = await apiClient(deps.kube, CoreV1Api).readNode({ name: node.metadata.name });
-      } catch (err) {
-        return { healthy: false, check: `the Node as the API server has it: ${describeError(err)}` };
-      }
+    const check = (node: V1Node | undefined) =>
+      checkHealth(
+        { node: () => node, unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs, wallNow: () => wallNow().getTime() },
+        gate,
+        { units },
+      );
+    const cached = deps.node.current();
+    const local = await check(cached);
+    // A failure the node sees itself (a unit, its probe) stands; only the Node's part needs the API server.
+    if (!fresh || !cached?.metadata?.name || (!local.healthy && !local.node)) return local;
+    let node: V1Node;
+    try {
+      node = await apiClient(deps.kube, CoreV1Api).readNode({ name: cached.metadata.name });
+    } catch (err) {
+      return { healthy: false, check: `the Node as the API server has it: ${describeError(err)}`, node: true, inconclusive: true };
     }
-    return checkHealth(
-      { node: () => node, unitStatus: (u) => deps.systemd.unitStatus(u), ownedUnits: async () => (await deps.store.read()).owned.units, stuckThresholdMs: deps.stuckThresholdMs, sinceBoot: () => bootClock().uptimeMs, wallNow: () => wallNow().getTime() },
-      gate,
-      { units },
-    );
+    return check(node);
   }
 
   /**
@@ -337,7 +356,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!m || !cur || cur.phase === "waiting") return undefined;
     const r = step(s, { type: "want", work }, ctx(policyOf(settings)));
     if (r.action.do !== "apply" || r.action.target !== "work" || r.state.current === cur) return undefined;
-    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget, work.changes);
+    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget, work.changes, cur.retryOf);
     if (moved.ok) return undefined;
     const retryAfterMs = Math.min(60_000, settings.settleMs || 60_000);
     if (moved.stopped) return { reason: "RolloutStopped", message: `${what} failed its health gate on ${moved.stopped.node} (${moved.stopped.failure}): not applied under this node's slot`, retryAfterMs };
