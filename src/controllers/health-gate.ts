@@ -99,29 +99,3 @@ export async function runProbe(probe: Probe, timeoutMs: number): Promise<string 
     });
   });
 }
-
-export type GateTick = { result: "passed" } | { result: "pending"; check?: string } | { result: "failed"; check: string };
-
-/**
- * Runs the gate over repeated looks: healthy continuously for `settleMs` passes; unhealthy at or after
- * `timeoutMs` fails with the check that failed last. `clock` is monotonic (ms).
- */
-export function gateRun(o: { settleMs: number; timeoutMs: number; look: () => Promise<GateVerdict>; clock: () => number }) {
-  const started = o.clock();
-  let healthySince: number | undefined;
-  let lastProblem = "never looked";
-  return async function tick(): Promise<GateTick> {
-    const verdict = await o.look();
-    const at = o.clock();
-    if (verdict.healthy) {
-      healthySince ??= at;
-      if (at - healthySince >= o.settleMs) return { result: "passed" };
-    } else {
-      healthySince = undefined;
-      lastProblem = verdict.check;
-    }
-    // A node healthy at the deadline may finish settling; one that is not has failed.
-    if (at - started >= o.timeoutMs && healthySince === undefined) return { result: "failed", check: lastProblem };
-    return verdict.healthy ? { result: "pending" } : { result: "pending", check: verdict.check };
-  };
-}
