@@ -161,7 +161,18 @@ export function trellisAgent(o: { api: LeaseApi; ref: PoolRef; budget: () => Bud
         await request(revision).catch(failed("request on the grant"));
         leader.campaign(false);
       })
-      .catch(failed("grant"));
+      .catch((err: unknown) => {
+        failed("grant")(err);
+        // The controller's ticketRetry: a grant whose handling failed (the record out of reach to check it) is
+        // read again until handled, else the node would wait for ever with its slot taken.
+        setTimeout(() => {
+          if (stopped) return;
+          void api.get(member.ticketName).then(
+            (lease) => lease && onTicket({ type: "MODIFIED", object: lease }),
+            failed("grant re-read"),
+          );
+        }, 5_000);
+      });
 
   return {
     node: ref.node.name,
