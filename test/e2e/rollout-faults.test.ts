@@ -1,20 +1,29 @@
-// Fleet rollouts under faults, with real kubelets: issue 19's "Found already" items 1, 2, 3 and 9, each a
-// regression test. Three bare machines brought up by the compiled trellis with the OSC Gardener renders for
-// one pool (test/harness/worker.ts), a disruption budget of one node and rollback; the pool's record
-// `<secret>-slots` is watched from the start, so who held the slot when is known from its versions.
-// The tests build on each other: the first one's gated change is every node's last good OSC, the rollback
-// target of the third.
+// Fleet rollouts under faults, with real kubelets: issue 19's "Found already" items 1, 2, 3 and 9, and item 5's
+// faults on real components (the holder cut off from the API server, the holder's agent killed, a waiting
+// agent killed), each a regression test. Three bare machines brought up by the compiled trellis with the OSC
+// Gardener renders for one pool (test/harness/worker.ts), a disruption budget of one node and rollback; the
+// pool's record `<secret>-slots` is watched from the start, so who held the slot when is known from its
+// versions. The tests build on each other: the first one's gated change is every node's last good OSC, the
+// rollback target of the third; each ends with every node on a good OSC and the slot free.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoordinationV1Api, type V1Node } from "@kubernetes/client-node";
 import { parse, stringify } from "yaml";
 import { rolloutKeys } from "../../src/api/rollout.ts";
+import { rolloutStatePath } from "../../src/api/rollout-state.ts";
+import type { AgentState } from "../../src/api/state.ts";
+import { type StatusFile, statusPath } from "../../src/api/status-file.ts";
+import { statePath } from "../../src/apply/state-store.ts";
 import { rolloutConditionType } from "../../src/controllers/rollout/report.ts";
+import type { NodeRollout } from "../../src/rollout/machine.ts";
+import { leaderLeaseName } from "../../src/rollout/pool.ts";
 import { mainPid, nodeEvents, putOscSecret, readNode, unitProperty, waitApplied } from "../harness/agent.ts";
+import { bridgeHostIp } from "../harness/bridge-relay.ts";
 import { waitFor } from "../harness/exec.ts";
+import { cutOff } from "../harness/partition.ts";
 import { type HoldPeriod, type PoolRecordWatch, watchPoolRecord } from "../harness/pool-record.ts";
 import { watchUntil } from "../harness/watch.ts";
 import { workerOsc, type WorkerOscInput } from "../harness/worker-osc.ts";
-import { bringUpWorker, startWorkerWorld, type Worker, type WorkerWorld } from "../harness/worker.ts";
+import { bringUpWorker, readyAgain, startWorkerWorld, type Worker, type WorkerWorld } from "../harness/worker.ts";
 
 let world: WorkerWorld;
 const workers: Worker[] = [];
@@ -89,6 +98,67 @@ const timeline = (periods: HoldPeriod[], since: number) => periods.map((p) => `$
 
 /** The first node admitted since `since`, once it holds the slot. */
 const firstHolder = (since: number) => waitFor("a node admitted", () => record().holdPeriods(since)[0], 120_000, 100);
+
+/** The agent's own records inside the node (read through its root, not the network): what it applied, its rollout, its status board. */
+const agentState = async (w: Worker) => JSON.parse(await w.bare.node.readFile(statePath)) as AgentState;
+const nodeRollout = async (w: Worker) => JSON.parse(await w.bare.node.readFile(rolloutStatePath)) as NodeRollout;
+const agentStatus = async (w: Worker) => JSON.parse(await w.bare.node.readFile(statusPath)) as StatusFile;
+const agentUnit = "gardener-node-agent.service";
+const dropInPath = `/etc/systemd/system/kubelet.service.d/${brokenDropIn.name}`;
+const hasDropIn = async (w: Worker) => (await w.bare.node.exec(["test", "-e", dropInPath])).code === 0;
+/** kubelet's maxPods as its configuration file on the node says. */
+const maxPodsOf = async (w: Worker) => Number(/^maxPods: (\d+)$/m.exec(await w.bare.node.readFile("/var/lib/kubelet/config/kubelet"))?.[1]);
+/** Seconds from `from` to `to`, for the test's log. */
+const secs = (from: number, to: number) => `${((to - from) / 1000).toFixed(1)} s`;
+
+/**
+ * The pool at rest: no slot held and every Node naming the same applied OSC, which is returned (the rollback
+ * target of the next change). Waited for, so that a test after one that failed starts from a settled pool.
+ */
+const poolAtRest = () =>
+  waitFor("the pool at rest (no slot held, every node on the same OSC)", async () => {
+    if (record().latest().holders.length > 0) return undefined;
+    const checksums = await Promise.all(workers.map(applied));
+    return checksums.every((c) => c !== undefined && c === checksums[0]) ? (checksums[0] as string) : undefined;
+  }, 180_000, 250);
+
+/** The node's agent killed with SIGKILL (by its main PID); resolves once systemd started it again (Date.now() when the new MainPID was seen). */
+async function killAgent(w: Worker): Promise<{ pid: number; killedAt: number; restartedAt: number }> {
+  const pid = await mainPid(w.bare, agentUnit);
+  expect(pid).toBeGreaterThan(1);
+  const restarts = Number(await unitProperty(w.bare.node, agentUnit, "NRestarts"));
+  await w.bare.node.execOk(["kill", "-9", String(pid)]);
+  const killedAt = Date.now();
+  const restartedAt = await waitFor(`${w.bare.name}: the agent started again by systemd`, async () => {
+    const now = await mainPid(w.bare, agentUnit);
+    return now > 1 && now !== pid ? Date.now() : undefined;
+  }, 60_000, 100);
+  expect(Number(await unitProperty(w.bare.node, agentUnit, "NRestarts"))).toBe(restarts + 1);
+  return { pid, killedAt, restartedAt };
+}
+
+/**
+ * After `bad` failed its gate on `failed`: it is back on `good` (rolled back: the drop-in gone, kubelet
+ * running, the Node Ready and naming `good`) and gave the slot back; the others were stopped — told so,
+ * never admitted, kubelet never restarted, still on `good`. Blast radius one node.
+ */
+async function rolledBackAlone(failed: Worker, bad: string, good: string, since: number, starts: number[]): Promise<void> {
+  // RolledBack when it gives the slot back, Blocked as soon as its OSC controller looks again (at once: it is told).
+  await waitFor(`${failed.bare.name}: rolled back and healthy`, async () => (["RolledBack", "Blocked"].includes((await rolloutCondition(failed))?.reason ?? "") ? true : undefined), 180_000, 250);
+  await waitFor("the slot given back", () => (record().latest().holders.length === 0 ? true : undefined), 60_000, 250);
+  expect(await unitProperty(failed.bare.node, "kubelet.service", "ActiveState")).toBe("active");
+  expect(await hasDropIn(failed)).toBe(false);
+  expect(ready(await readNode(failed.bare))?.status).toBe("True");
+  await waitApplied(failed.bare, good, 60_000, 250);
+  for (const w of workers.filter((w) => w !== failed)) {
+    await waitFor(`${w.bare.name}: rollout stopped`, async () => ((await rolloutCondition(w))?.reason === "RolloutStopped" ? true : undefined), 120_000, 250);
+    expect(await applied(w)).toBe(good);
+    expect(await kubeletStart(w)).toBe(starts[workers.indexOf(w)] as number);
+    expect(await hasDropIn(w)).toBe(false);
+  }
+  expect(record().holdPeriods(since).map((p) => p.node)).toEqual([failed.bare.name]);
+  expect(record().latest().failed).toMatchObject({ revision: bad, node: failed.bare.name });
+}
 
 describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, rollback)", () => {
   // Item 9: "non-disruptive" was too narrow: a file a running process reads without a unit restart (a static
@@ -186,7 +256,8 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     // Rolled back: the last good OSC again (the drop-in gone, kubelet running), its gate passed, the slot free.
     const rolledBack = await waitFor(`${failed.bare.name}: RolloutRolledBack`, () => hasEvent(failed, "RolloutRolledBack", short(bad)), 60_000, 250);
     expect(rolledBack.message).toContain(`going back to the last good OSC ${short(good as string)}`);
-    await waitFor(`${failed.bare.name}: rolled back and healthy`, async () => ((await rolloutCondition(failed))?.reason === "RolledBack" ? true : undefined), 120_000, 250);
+    // RolledBack when it gives the slot back, Blocked as soon as its OSC controller looks again (at once: it is told).
+    await waitFor(`${failed.bare.name}: rolled back and healthy`, async () => (["RolledBack", "Blocked"].includes((await rolloutCondition(failed))?.reason ?? "") ? true : undefined), 120_000, 250);
     await waitFor("the slot given back", () => (record().latest().holders.length === 0 ? true : undefined), 30_000, 250);
     expect(await unitProperty(failed.bare.node, "kubelet.service", "ActiveState")).toBe("active");
     expect((await failed.bare.node.exec(["test", "-e", `/etc/systemd/system/kubelet.service.d/${brokenDropIn.name}`])).code).not.toBe(0);
@@ -254,6 +325,139 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     expect(record().maxHolders(since)).toBe(1);
     expectOneAtATime(periods);
   }, 600_000);
+
+  // Item 5a: a change after which the holder cannot reach the API server (a bad network setting would do it;
+  // here the test cuts the node's network to the API server during the gate). The gate's decisive look reads
+  // the Node from the API server and fails, so the change fails its gate. Only the rollback can bring such a
+  // node back, so it must roll back at once, cut off as it is, and tell the pool once it can: the failure was
+  // to be recorded on the pool before the rollback, which a node cut off never could.
+  test("item 5a: the holder cut off from the API server during its gate: the gate fails, it rolls back while still cut off, the failure is recorded once the network is back, the slot goes back; the others never apply the change", async () => {
+    const good = await poolAtRest();
+    const goodMaxPods = await maxPodsOf(first());
+    expect(Number.isInteger(goodMaxPods) && goodMaxPods !== 63).toBe(true);
+    const since = Date.now();
+    const starts = await Promise.all(workers.map(kubeletStart));
+    const bad = await put(await rendered({ manifest: true, maxPods: 63, extraFile: "pushed during the settle time\n" }), settings("10s", "40s"));
+    const hold = await firstHolder(since);
+    const holder = byName(hold.node);
+    await waitApplied(holder.bare, bad, 120_000, 50);
+    const appliedAt = Date.now();
+    // In its gate: the new kubelet reports the Node Ready (the gate's looks see it healthy). Then the network goes.
+    const restarted = await kubeletStart(holder);
+    expect(restarted).toBeGreaterThan(starts[workers.indexOf(holder)] as number);
+    await readyAgain(holder, 0, restarted);
+    const apiPorts = [...new Set(workers.map((w) => Number(new URL(w.bare.server).port)))];
+    const cut = await cutOff(holder.bare.node, bridgeHostIp, apiPorts);
+    let rolledBackAt: number;
+    try {
+      // Rolled back while cut off, as seen inside the node: its agent applied the last good OSC again (kubelet
+      // started anew after the cut, with the good configuration).
+      rolledBackAt = await waitFor(`${holder.bare.name}: rolled back to ${short(good)} while cut off from the API server`, async () => {
+        const [state, rollout] = await Promise.all([agentState(holder), nodeRollout(holder)]);
+        if (state.lastApplied?.checksum !== good || rollout.current?.rollbackTo?.checksum !== good || rollout.current.work.checksum !== bad) return undefined;
+        return (await kubeletStart(holder)) > cut.at ? Date.now() : undefined;
+      }, 180_000, 250);
+      expect(await maxPodsOf(holder)).toBe(goodMaxPods);
+      // The pool cannot know yet: the holder keeps its slot, and nobody else was admitted.
+      expect(record().latest().failed?.revision).not.toBe(bad);
+      expect(record().holdPeriods(since).map((p) => p.node)).toEqual([holder.bare.name]);
+    } catch (err) {
+      // What the agent did while cut off (its Lease renewals' failures left out), and where its rollout stands.
+      const journal = await holder.bare.node.exec(["journalctl", "--no-pager", "-o", "short-precise", "-u", agentUnit, "--since", "-4min"]);
+      console.error(`${holder.bare.name}'s agent while cut off:\n${journal.stdout.split("\n").filter((l) => !l.includes("could not renew the Lease")).slice(-40).join("\n")}\nits rollout state: ${JSON.stringify((await nodeRollout(holder)).current)}`);
+      throw err;
+    } finally {
+      await cut.heal();
+    }
+    const healedAt = await cut.heal();
+    // Back on the network: the failure is on the pool's record, naming the revision, the node and the check.
+    const recorded = await waitFor("the failure on the pool's record", () => record().versions().find((v) => v.at >= since && v.record.failed?.revision === bad), 180_000, 100);
+    expect(recorded.at).toBeGreaterThanOrEqual(healedAt);
+    expect(recorded.record.failed?.node).toBe(holder.bare.name);
+    expect(recorded.record.failed?.failure).toContain("Node");
+    await rolledBackAlone(holder, bad, good, since, starts);
+    expect(await maxPodsOf(holder)).toBe(goodMaxPods);
+    const slotBack = (record().holdPeriods(since)[0] as HoldPeriod).to;
+    console.log(
+      `[rollout-faults] item 5a: ${holder.bare.name} granted at 0 s, applied ${secs(hold.from, appliedAt)}, cut off ${secs(hold.from, cut.at)}, rolled back while cut off ${secs(hold.from, rolledBackAt)} (${secs(cut.at, rolledBackAt)} after the cut), network back ${secs(hold.from, healedAt)}, failure recorded ${secs(healedAt, recorded.at)} after that, slot back ${secs(healedAt, slotBack)} after that; failure: ${recorded.record.failed?.failure}`,
+    );
+  }, 600_000);
+
+  // Item 5b: an agent that dies during its gate (a crash, the OOM killer) is started again by systemd and takes
+  // the gate up where it was: its timeout counts from the grant on the boot clock, so a crash loop can never
+  // start it over and keep a bad change from failing.
+  test("item 5b: the holder's agent killed (SIGKILL) during its gate: systemd starts it again, the gate's timeout still counts from the grant, it fails, is recorded, rolls back; the others never apply the change", async () => {
+    const timeout = 30_000;
+    const good = await poolAtRest();
+    const since = Date.now();
+    const starts = await Promise.all(workers.map(kubeletStart));
+    const bad = await put(await rendered({ manifest: true, maxPods: 64, extraFile: "pushed during the settle time\n", brokenKubelet: true }), settings("5s", "30s"));
+    const hold = await firstHolder(since);
+    const holder = byName(hold.node);
+    // A third of the way into its gate, the bad change under way (the broken drop-in written, kubelet's restart
+    // failing and retried): the agent dies.
+    await waitFor(`${holder.bare.name}: ${timeout / 3000} s into its gate with the change under way`, async () => (Date.now() - hold.from >= timeout / 3 && (await hasDropIn(holder)) ? true : undefined), 120_000, 250);
+    const kill = await killAgent(holder);
+    const recorded = await waitFor("the failure on the pool's record", () => record().versions().find((v) => v.at >= since && v.record.failed?.revision === bad), 120_000, 100);
+    expect(recorded.record.failed?.node).toBe(holder.bare.name);
+    expect(recorded.record.failed?.failure).toContain("kubelet.service");
+    // At the timeout counted from the grant: not before it, and long before a timeout started over by the
+    // restarted agent could end.
+    expect(recorded.at - hold.from).toBeGreaterThanOrEqual(timeout - 1000);
+    expect(recorded.at).toBeLessThan(kill.restartedAt + timeout - 2000);
+    const rolledBack = await waitFor(`${holder.bare.name}: RolloutRolledBack`, () => hasEvent(holder, "RolloutRolledBack", short(bad)), 60_000, 250);
+    expect(rolledBack.message).toContain(`going back to the last good OSC ${short(good)}`);
+    await rolledBackAlone(holder, bad, good, since, starts);
+    // The agent that finished the gate is the one systemd started after the kill.
+    expect(await mainPid(holder.bare, agentUnit)).not.toBe(kill.pid);
+    const slotBack = (record().holdPeriods(since)[0] as HoldPeriod).to;
+    console.log(
+      `[rollout-faults] item 5b: ${holder.bare.name} granted at 0 s, agent killed ${secs(hold.from, kill.killedAt)}, running again ${secs(hold.from, kill.restartedAt)}, failure recorded ${secs(hold.from, recorded.at)} (health timeout ${timeout / 1000} s), slot back ${secs(hold.from, slotBack)}; failure: ${recorded.record.failed?.failure}`,
+    );
+  }, 400_000);
+
+  // Item 5c: a node waiting for the slot whose agent restarts must come back waiting: its request stands, it
+  // applies nothing without a grant, and it learns that the revision stopped from the leader's word on its
+  // ticket, however long it was away. The one restarted is the pool's leader if a waiting node leads it (a
+  // killed leader's Lease is taken over only after a lease duration).
+  test("item 5c: a waiting node's agent killed (SIGKILL) behind the holder: it comes back still waiting, is told the revision stopped once the holder's failure is recorded, and never applies it", async () => {
+    const good = await poolAtRest();
+    const since = Date.now();
+    const starts = await Promise.all(workers.map(kubeletStart));
+    const bad = await put(await rendered({ manifest: true, maxPods: 65, extraFile: "pushed during the settle time\n", brokenKubelet: true }), settings("5s", "30s"));
+    const hold = await firstHolder(since);
+    const holder = byName(hold.node);
+    const others = workers.filter((w) => w !== holder);
+    for (const w of others) {
+      await waitFor(`${w.bare.name}: waiting for the slot`, async () => {
+        const c = await rolloutCondition(w);
+        return c?.reason === "WaitingForSlot" && c.message?.includes(short(bad)) ? true : undefined;
+      }, 60_000, 250);
+    }
+    const leader = (await readLease("kube-system", leaderLeaseName(first().secretName)).catch(() => undefined))?.spec?.holderIdentity;
+    const waiter = others.find((w) => w.bare.name === leader) ?? (others[0] as Worker);
+    const kill = await killAgent(waiter);
+    // Back and still waiting: the restarted agent's own status board says so, before the holder's gate ended.
+    const back = await waitFor(`${waiter.bare.name}: the restarted agent waits for the slot`, async () => {
+      const status = await agentStatus(waiter);
+      return Date.parse(status.startedAt) >= kill.killedAt - 1000 && status.components.rollout?.summary.startsWith(`waiting OSC ${short(bad)}`) ? Date.now() : undefined;
+    }, 60_000, 250);
+    expect(record().latest().failed?.revision).not.toBe(bad);
+    expect(await applied(waiter)).toBe(good);
+    expect(await hasDropIn(waiter)).toBe(false);
+    const recorded = await waitFor("the failure on the pool's record", () => record().versions().find((v) => v.at >= since && v.record.failed?.revision === bad), 120_000, 100);
+    expect(recorded.record.failed?.node).toBe(holder.bare.name);
+    // Told: the leader's word on its ticket, shown on its Node.
+    const toldAt = await waitFor(`${waiter.bare.name}: told the rollout stopped`, async () => {
+      const c = await rolloutCondition(waiter);
+      return c?.reason === "RolloutStopped" && c.message?.includes(short(bad)) ? Date.now() : undefined;
+    }, 120_000, 250);
+    await rolledBackAlone(holder, bad, good, since, starts);
+    expect(await mainPid(waiter.bare, agentUnit)).not.toBe(kill.pid);
+    console.log(
+      `[rollout-faults] item 5c: ${holder.bare.name} granted at 0 s; ${waiter.bare.name} (${waiter.bare.name === leader ? "the pool's leader" : `not the leader; the leader: ${leader ?? "none"}`}) killed ${secs(hold.from, kill.killedAt)}, running again ${secs(hold.from, kill.restartedAt)}, waiting again ${secs(hold.from, back)}; failure recorded ${secs(hold.from, recorded.at)}, ${waiter.bare.name} told ${secs(recorded.at, toldAt)} after that`,
+    );
+  }, 400_000);
 });
 
 const readLease = (namespace: string, name: string) => world.cluster.admin().makeApiClient(CoordinationV1Api).readNamespacedLease({ name, namespace });

@@ -4,21 +4,37 @@
 import { type KubeConfig, type KubernetesObject, Watch } from "@kubernetes/client-node";
 
 /**
- * Watches the object `name` in the collection at `path`, calling `onObject` with each version of it, until
- * stop(). A watch the server ends (or that fails while the server starts) is opened again, from the
- * resourceVersion `resumeFrom` gives, or with the object as it is then.
+ * Each watch asks the server to end it after this long, with a bookmark just before (the server sends one
+ * 2 s before a watch's deadline): client-node aborts a watch that received nothing for 30 s, and a watch
+ * resumed from a version that quiet minutes left behind is refused with 410 Gone, so a quiet object's
+ * watch must still see its resourceVersion move on.
  */
-function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string | undefined, onObject: (obj: T) => void, resumeFrom: () => string | undefined = () => undefined): { stop(): void } {
+const watchSeconds = 25;
+
+/**
+ * Watches the object `name` in the collection at `path`, calling `onObject` with each version of it, until
+ * stop(). A watch the server ends (or that fails while the server starts) is opened again: with `resume`,
+ * from the last resourceVersion seen (an object's or a bookmark's), so no change is missed; else (or after
+ * 410 Gone: that version is too old to resume from) with the object as it is then.
+ */
+function keepWatching<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string | undefined, onObject: (obj: T) => void, resume = false): { stop(): void } {
   let stopped = false;
   let watch: AbortController | undefined;
+  let resourceVersion: string | undefined;
   const open = async (): Promise<void> => {
     try {
-      const resourceVersion = resumeFrom();
+      const from = resume ? resourceVersion : undefined;
       watch = await new Watch(kc).watch(
         path,
-        { ...(name === undefined ? {} : { fieldSelector: `metadata.name=${name}` }), ...(resourceVersion ? { resourceVersion } : {}) },
-        (phase, obj: T) => {
-          if (!stopped && (phase === "ADDED" || phase === "MODIFIED")) onObject(obj);
+        { ...(name === undefined ? {} : { fieldSelector: `metadata.name=${name}` }), ...(from ? { resourceVersion: from } : {}), allowWatchBookmarks: true, timeoutSeconds: watchSeconds },
+        (phase, obj: T & { code?: number }) => {
+          if (stopped) return;
+          if (phase === "ERROR") {
+            if (obj.code === 410) resourceVersion = undefined;
+            return;
+          }
+          resourceVersion = obj.metadata?.resourceVersion ?? resourceVersion;
+          if (phase === "ADDED" || phase === "MODIFIED") onObject(obj);
         },
         () => reopen(),
       );
@@ -75,11 +91,12 @@ export function watchUntil<T extends KubernetesObject, R>(
 
 /**
  * Records every version of the object `name` in the collection at `path` from now on, in order, each with
- * when it arrived (Date.now()): a watch the server ends is resumed from the last resourceVersion seen, so
- * no change is missed in between.
+ * when it arrived (Date.now()): a watch the server ends is resumed from the last resourceVersion seen (bookmarks
+ * keep it recent while the object is quiet), so no change is missed in between; after 410 Gone the object as
+ * it is then is recorded again.
  */
 export function recordVersions<T extends KubernetesObject>(kc: KubeConfig, path: string, name: string): { versions: { object: T; at: number }[]; stop(): void } {
   const versions: { object: T; at: number }[] = [];
-  const watch = keepWatching<T>(kc, path, name, (object) => versions.push({ object, at: Date.now() }), () => versions.at(-1)?.object.metadata?.resourceVersion);
+  const watch = keepWatching<T>(kc, path, name, (object) => versions.push({ object, at: Date.now() }), true);
   return { versions, stop: watch.stop };
 }
