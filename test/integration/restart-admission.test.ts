@@ -269,9 +269,13 @@ const waitRestarted = (before: number, timeoutMs: number) => waitFor(`${unit} re
  */
 async function settled(p: Pool, revision: string): Promise<void> {
   await waitFor("the annotation removed", async () => ((await annotation()) === undefined ? true : undefined), 30_000, 100);
+  // The event, not only the condition: the OSC controller's next answer (held, stopped) may replace the
+  // condition within the second the slot goes back.
   await waitFor("the restart's gate passed", async () => {
     const c = await rolloutCondition();
-    return c?.reason === "HealthGatePassed" && c.message?.includes(revision) ? true : undefined;
+    if (c?.reason === "HealthGatePassed" && c.message?.includes(revision)) return true;
+    const events = await core.listNamespacedEvent({ namespace: "default", fieldSelector: `involvedObject.name=${node.name},reason=RolloutHealthGatePassed` });
+    return events.items.some((e) => e.message?.includes(revision)) ? true : undefined;
   }, 60_000, 100);
   await waitFor("node A's slot given back", async () => {
     const t = await p.ticketOfA();

@@ -103,6 +103,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
   // `shown`: what the pool was last made to show of this node (undefined: not yet since the agent started).
   let membership: { member: PoolMember; leader: PoolLeader; ticket?: LeaseWatch; key: string; shown?: string } | undefined;
   let stopped = false;
+  // The reporting of steps (conditions, events) and a failure's write to the pool, each off the serializer.
+  let reporting: Promise<void> = Promise.resolve();
+  let recording: Promise<void> | undefined;
   // Revisions the leader said failed their gate elsewhere while this node waited for them (until one is granted).
   const stoppedOnPool = new Set<string>();
 
@@ -146,7 +149,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
       }
       // The bytes follow the state at once: a rollback must find them whatever fails next (the pool out of reach).
       if (r.state.lastGood !== before.lastGood) await keepLastGood(r.state);
-      await report.transition(before, r.state, r.action);
+      // Reported in the reporter's own order, not awaited: a node cut off from the API server (its change broke
+      // the network) would otherwise wait out a timeout per condition and event before it rolls back.
+      reporting = reporting.then(() => report.transition(before, r.state, r.action)).catch((err: unknown) => log.warn("could not report the rollout's step", { error: describeError(err) }));
       // When the node starts rolling back, and when its gate is over (work held back behind it goes now).
       tell ||= (r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back") || r.action.do === "released";
       action = r.action;
@@ -192,7 +197,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       if (lost) return lost;
       m.shown = shown;
     }
-    if (cur?.recordOwed) return recordFailure(m.member, cur);
+    if (cur?.recordOwed) recordFailure(m.member, cur);
     return undefined;
   }
 
@@ -231,17 +236,20 @@ export function startRollout(deps: RolloutDeps): Rollout {
   }
 
   /**
-   * Writes the failure on the pool's record. Out of reach (the change may have cut the node off), it is written
-   * at a later look: the node rolls back meanwhile and keeps its slot until then.
+   * Writes the failure on the pool's record, beside the state's serializer: the node rolls back meanwhile
+   * (its change may have cut it off, and a write out of reach takes a timeout), and keeps its slot until the
+   * record has it. Out of reach, it is written at a later look.
    */
-  async function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): Promise<Event | undefined> {
-    try {
-      await member.recordFailure({ revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) });
-      return { type: "failure-recorded" };
-    } catch (err) {
-      log.warn("could not record the failed gate on the pool's record yet; the node keeps its slot until it does", { revision: cur.work.revision, error: describeError(err) });
-      return undefined;
-    }
+  function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): void {
+    if (recording) return;
+    const failure = { revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) };
+    recording = member
+      .recordFailure(failure)
+      .then(() => writer.run(() => drive({ type: "failure-recorded" }, pool?.settings)).then(() => undefined))
+      .catch((err: unknown) => log.warn("could not record the failed gate on the pool's record yet; the node keeps its slot until it does", { revision: failure.revision, error: describeError(err) }))
+      .finally(() => {
+        recording = undefined;
+      });
   }
 
   /** While the node waits, its ticket is watched for the grant; a ticket deleted under a holder frees it. */
