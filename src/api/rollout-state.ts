@@ -36,6 +36,7 @@ const V2 = object({
       recordOwed: v.optional(v.boolean()),
       pieces: v.optional(v.array(v.array(v.string()))),
       inconclusive: v.optional(v.boolean()),
+      failure: v.optional(v.string()),
       retryable: v.optional(v.boolean()),
       retryOf: v.optional(v.string()),
     }),

@@ -70,6 +70,8 @@ export type Current = {
   pieces?: string[][];
   /** The check that failed last could not tell the change's fault from a partition's (`look`'s `inconclusive`). */
   inconclusive?: boolean;
+  /** The check that failed the work's own gate (what the pool's record says, whatever the rollback's looks find later). */
+  failure?: string;
   /** It failed on an inconclusive check: once the rollback passed its gate, the work is tried again (`pass`). */
   retryable?: boolean;
   /**
@@ -299,10 +301,10 @@ function fail(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
     // again during the gate): an OSC change is tried once more after the rollback (`pass`).
     const unseen = cur.inconclusive || (cur.since !== undefined && cur.since.bootId !== ctx.now.bootId);
     const retryable = unseen && !cur.retryOf && cur.work.kind === "osc" ? { retryable: true } : {};
-    const rollingBack: Current = { ...cur, ...owed, ...retryable, phase: "rolling-back", check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
+    const rollingBack: Current = { ...cur, ...owed, ...retryable, phase: "rolling-back", check, failure: check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
     return { state: { ...s, current: rollingBack }, action: { do: "apply", target: "last-good" } };
   }
-  return { state: { ...s, current: { ...cur, ...owed, phase: "failed", check } }, action: { do: "look" } };
+  return { state: { ...s, current: { ...cur, ...owed, phase: "failed", check, failure: check } }, action: { do: "look" } };
 }
 
 function failureRecorded(s: NodeRollout): { state: NodeRollout; action: Action } {

@@ -68,6 +68,11 @@ export type OscState = {
   executed: readonly Step[];
   /** The OSC last applied completely (a metric). */
   appliedChecksum?: string;
+  /**
+   * A rollback's report to the Node that failed (cut off from the API server): made at the next reconcile,
+   * else the Node would name the failed OSC while the node runs its last good one.
+   */
+  reportOwed?: () => Promise<void>;
   status: OscStatus;
 };
 

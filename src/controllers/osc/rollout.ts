@@ -8,6 +8,7 @@ import type { Progress } from "../../api/state.ts";
 import { applyDesired } from "../../apply/apply.ts";
 import { desiredForNode } from "../../apply/desired-for-node.ts";
 import { changesOf, disruptionOf } from "../../plan/disruption.ts";
+import { describeError } from "../../log.ts";
 import { describeStep } from "../../plan/render.ts";
 import type { Work } from "../../rollout/machine.ts";
 import { type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
@@ -37,6 +38,7 @@ export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: 
   // A no-op re-check asks nothing of the rollout, unless an OSC's work is under way there (a rollback to
   // apply, a gate to follow); a requested restart waiting or gating is the restart controller's, and the
   // end of an apply the rollout was not asked about must not pass for the end of that restart's apply.
+  await reportOwed(ctx);
   const current = (await ctx.deps.rollout.state()).current;
   if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
   const decision = await ctx.deps.rollout.offer({ ...w, disruption, ...(changes.length > 0 ? { changes } : {}) });
@@ -71,6 +73,20 @@ async function rollBack(ctx: OscContext, failed: string): Promise<Wait> {
     await reportFailure(ctx, deps.node.current(), back.checksum, outcome);
     return retryWait(ctx, "a failed rollback");
   }
-  await reportSuccess(ctx, deps.node.current(), { base: back.base, checksum: back.checksum }, resolved.value, outcome);
-  return periodic(ctx);
+  ctx.state.reportOwed = () => reportSuccess(ctx, deps.node.current(), { base: back.base, checksum: back.checksum }, resolved.value, outcome);
+  return (await reportOwed(ctx)) ? periodic(ctx) : retryWait(ctx, "the rollback's report to the Node");
+}
+
+/** Makes a rollback's report to the Node that could not be made (kept until it is). Whether none is owed now. */
+async function reportOwed(ctx: OscContext): Promise<boolean> {
+  const report = ctx.state.reportOwed;
+  if (!report) return true;
+  try {
+    await report();
+    ctx.state.reportOwed = undefined;
+    return true;
+  } catch (err) {
+    ctx.log.warn("could not report the rollback to the Node yet; trying again at the next reconcile", { error: describeError(err) });
+    return false;
+  }
 }

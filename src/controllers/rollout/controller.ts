@@ -242,7 +242,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
    */
   function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): void {
     if (recording) return;
-    const failure = { revision: cur.work.revision, node: nodeName(), failure: cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) };
+    const failure = { revision: cur.work.revision, node: nodeName(), failure: cur.failure ?? cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) };
     recording = member
       .recordFailure(failure)
       .then(() => writer.run(() => drive({ type: "failure-recorded" }, pool?.settings)).then(() => undefined))
