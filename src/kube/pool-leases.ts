@@ -4,7 +4,28 @@
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
 import type { Budget } from "../api/rollout.ts";
-import { budgetSlots, decodePool, decodeTicket, encodePool, encodeTicket, type Failure, type Holder, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardSlots, slotsLabel, stops, type Ticket, ticketLabel, ticketName, withHolder, withoutHolders } from "../rollout/pool.ts";
+import {
+  budgetSlots,
+  decodePool,
+  decodeTicket,
+  encodePool,
+  encodeTicket,
+  type Failure,
+  type Holder,
+  poolLeaseLabel,
+  type PoolRecord,
+  type Request,
+  shardCapacity,
+  shardLeaseName,
+  shardSlots,
+  slotsLabel,
+  stops,
+  type Ticket,
+  ticketLabel,
+  ticketName,
+  withHolder,
+  withoutHolders,
+} from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi } from "./lease-api.ts";
 
