@@ -1,13 +1,13 @@
 // The agent that admits its pool's waiting nodes: elected with the Lease `<secret>-leader` among the agents
-// that wait for a slot, it watches the pool's tickets and the slots record and admits the next waiting
-// nodes, oldest request first, with one compare-and-swap on the record and one write to each ticket. Only
-// the leader reads the whole pool (one list when it starts leading, then a watch); it resigns when nobody
-// waits, so a pool without a rollout costs nothing.
+// that wait for a slot, it watches the pool's tickets and the record's shards and admits the next waiting
+// nodes, oldest request first, with one compare-and-swap per shard that changes and one write to each
+// ticket. Only the leader reads the whole pool (one list when it starts leading, then a watch); it resigns
+// when nobody waits, so a pool without a rollout costs nothing.
 //
 // Expiry is judged on this agent's own monotonic clock: the leader's Lease counts as expired only after
 // this agent has seen it unchanged for a whole lease duration, never by comparing renewTime (another
 // node's wall clock) with its own. Two leaders at once (a partition healing) cannot admit more than k: every
-// admission is a compare-and-swap on the one record.
+// admission is a compare-and-swap on a shard, within the shard's share of k (src/rollout/pool.ts).
 import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
