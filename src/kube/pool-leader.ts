@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, ungranted, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import type { WatchEvent } from "./watch.ts";
@@ -254,6 +254,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const held = (except?: number) => [...l.shards].flatMap(([i, s]) => (i === except ? [] : (s.record?.holders ?? [])));
     const fresh = await readTickets(l, dropCandidates({ holders: held() }, l.tickets));
     const failed = await recordLost(l, fresh, at);
+    const seen = new Map([...l.tickets, ...[...fresh].flatMap(([n, t]) => (t ? [[n, t] as const] : []))]);
     const admitted: Ticket[] = [];
     const holders: PoolRecord["holders"] = [];
     const top = Math.max(shardsFor(k, capacity), ...[...l.shards.keys()].map((i) => i + 1));
@@ -275,11 +276,15 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
         // largest; this keeps one leader within k.
         const d = decide(judged, view, Math.min(shardSlots(i, k, capacity), k - held(i).length));
         admittedHere = d.admit;
-        let next = d.drop.length > 0 ? withoutHolders(read, d.drop) : read;
+        // A shard over its share (k lowered) moves and grants nobody: an entry whose ticket shows no grant of
+        // it then stands for no disruption (given back, or never told) and goes, so the shard drains.
+        const over = read.holders.length - d.drop.length > shardSlots(i, k, capacity);
+        // (Only on tickets seen: one this leader never saw may carry another leader's grant.)
+        const drop = over ? [...d.drop, ...ungranted(read, seen).filter((n) => !d.drop.includes(n))] : d.drop;
+        let next = drop.length > 0 ? withoutHolders(read, drop) : read;
         for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at, t.request?.changes ? [t.request.changes] : undefined);
-        // A move lets a holder disrupt again: never while its shard holds more than its share (k lowered).
-        if (next.holders.length <= shardSlots(i, k, capacity)) for (const h of movesOwed({ ...next, ...(failed ? { failed } : {}) }, view)) next = withHolder(next, h.node, h.revision, at, h.changes);
-        if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
+        if (!over) for (const h of movesOwed({ ...next, ...(failed ? { failed } : {}) }, view)) next = withHolder(next, h.node, h.revision, at, h.changes);
+        if (drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: drop });
         const poolSize = i === 0 ? l.tickets.size : read.poolSize;
         if (next === read && read.poolSize === poolSize) return undefined;
         return slotsLeaseBody(ref.secret, current, { ...next, ...(poolSize !== undefined ? { poolSize } : {}) }, i);
@@ -289,6 +294,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       admitted.push(...admittedHere);
       holders.push(...record.holders);
       // The grants of a shard go out together (a wave of admissions waits for the slowest, not for their sum).
+      if (record.holders.length > shardSlots(i, k, capacity)) continue;
       await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
     }
     const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;

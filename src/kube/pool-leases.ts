@@ -12,6 +12,7 @@ import {
   encodeTicket,
   type Failure,
   type Holder,
+  leaderLeaseName,
   poolLeaseLabel,
   type PoolRecord,
   type Request,
@@ -54,7 +55,7 @@ export const nodeTicketName = (secret: string, node: string) => ticketName(secre
  * Reads `name`, lets `change` decide the new Lease (undefined: nothing to write) and writes it with the
  * version read; on a conflict, reads again and decides again. Returns the Lease as written (or as read).
  */
-export async function compareAndSwap(api: LeaseApi, name: string, change: (current: V1Lease | undefined) => V1Lease | undefined, known?: V1Lease): Promise<V1Lease | undefined> {
+export async function compareAndSwap(api: LeaseApi, name: string, change: (current: V1Lease | undefined) => V1Lease | undefined, known?: V1Lease, attempts = casAttempts): Promise<V1Lease | undefined> {
   for (let attempt = 1; ; attempt++) {
     // `known`: the Lease as a watch delivered it, tried first without a read (a conflict reads it).
     const current = attempt === 1 && known ? known : await api.get(name);
@@ -64,7 +65,7 @@ export async function compareAndSwap(api: LeaseApi, name: string, change: (curre
       return current ? await api.replace(next) : await api.create(next);
     } catch (err) {
       const retry = err instanceof KubeError && (err.reason === "conflict" || (err.reason === "not-found" && current !== undefined));
-      if (!retry || attempt >= casAttempts) throw err;
+      if (!retry || attempt >= attempts) throw err;
       // Writers that conflicted once tend to again (holders of one wave giving back together): spread them out.
       await new Promise((r) => setTimeout(r, Math.random() * 25 * attempt));
     }
@@ -157,11 +158,17 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
     spec: { ...current?.spec, holderIdentity: ref.node.name },
   });
 
-  async function updatePool(change: (record: PoolRecord) => PoolRecord | undefined, shard = 0): Promise<void> {
-    await compareAndSwap(api, shardName(shard), (current) => {
-      const next = change(readPool(current, source(shard)));
-      return next ? slotsLeaseBody(ref.secret, current, next, shard) : undefined;
-    });
+  async function updatePool(change: (record: PoolRecord) => PoolRecord | undefined, shard = 0, attempts?: number): Promise<void> {
+    await compareAndSwap(
+      api,
+      shardName(shard),
+      (current) => {
+        const next = change(readPool(current, source(shard)));
+        return next ? slotsLeaseBody(ref.secret, current, next, shard) : undefined;
+      },
+      undefined,
+      attempts,
+    );
   }
 
   return {
@@ -230,7 +237,13 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
         shard = t?.grant?.shard ?? 0;
         return t?.request || t?.grant ? ticketBody(current, patchAnnotations(current.metadata?.annotations, encodeTicket({}))) : undefined;
       });
-      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined), shard);
+      // While a leader runs it drops the entry of a ticket that asks for nothing, in its next pass with the
+      // others: one try here, and a conflict (holders of a wave giving back together) is left to it. With no
+      // leader (nobody waits) the entry is removed here, so a finished rollout's record is empty.
+      const leading = (await api.get(leaderLeaseName(ref.secret.name)))?.spec?.holderIdentity;
+      await updatePool((record) => (record.holders.some((h) => h.node === ref.node.name) ? withoutHolders(record, [ref.node.name]) : undefined), shard, leading ? 1 : undefined).catch((err: unknown) => {
+        if (!(leading && err instanceof KubeError && err.reason === "conflict")) throw err;
+      });
     },
     async stopped(revision) {
       const failed = (await readShard(0)).failed;
