@@ -148,7 +148,8 @@ function row(n: V1Node, checksum: string, holding: boolean): NodeRow {
   const c = n.status?.conditions?.find((x) => x.type === rolloutConditionType);
   const detail = c && c.reason !== "HealthGatePassed" && c.reason !== "Applied" ? `${c.reason}: ${c.message ?? ""}` : "";
   const base = { node: name, ready, osc: applied.slice(0, 12) };
-  if (c?.reason === "HealthGateFailed" || c?.reason === "RolledBack") return { ...base, state: "failed", detail };
+  // Blocked: rolled back from the revision that failed here, which its OSC controller keeps holding back.
+  if (c?.reason === "HealthGateFailed" || c?.reason === "RolledBack" || c?.reason === "Blocked") return { ...base, state: "failed", detail };
   if (holding) return { ...base, state: "holding", detail };
   if (applied === checksum) return { ...base, state: "updated", detail };
   if (n.metadata?.labels?.[pausedLabel] === "true") return { ...base, state: "paused", detail: `label ${pausedLabel}=true` };
