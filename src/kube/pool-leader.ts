@@ -253,52 +253,55 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     /** The holders of every shard as the watch shows them, but shard `except`'s. */
     const held = (except?: number) => [...l.shards].flatMap(([i, s]) => (i === except ? [] : (s.record?.holders ?? [])));
     const fresh = await readTickets(l, dropCandidates({ holders: held() }, l.tickets));
-    const failed = await recordLost(l, fresh, at);
+    const failed = await recordLost(l, held(), fresh, at);
+    /** `r` judged with the pool's failure (on shard 0, whatever shard `r` is). */
+    const withFailed = (r: PoolRecord): PoolRecord => (failed ? { ...r, failed } : r);
     const seen = new Map([...l.tickets, ...[...fresh].flatMap(([n, t]) => (t ? [[n, t] as const] : []))]);
     const admitted: Ticket[] = [];
     const holders: PoolRecord["holders"] = [];
     const top = Math.max(shardsFor(k, capacity), ...[...l.shards.keys()].map((i) => i + 1));
     for (let i = 0; i < top; i++) {
       const known = l.shards.get(i);
+      const name = shardLeaseName(ref.secret.name, i);
+      const share = shardSlots(i, k, capacity);
       // Nodes that hold a slot in another shard, or were admitted into one in this pass, wait for nothing here.
       const elsewhere = new Set([...held(i).map((h) => h.node), ...admitted.map((t) => t.node)]);
       const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stops(failed, t.request.revision, t.request.changes));
       // A shard is created only to admit into it.
-      if (i > 0 && !known?.lease && (!candidates || shardSlots(i, k, capacity) === 0)) continue;
+      if (i > 0 && !known?.lease && (!candidates || share === 0)) continue;
       let view = l.tickets;
       let admittedHere: Ticket[] = [];
-      const written = await compareAndSwap(api, shardLeaseName(ref.secret.name, i), (current) => {
-        const read = readPool(current, `Lease kube-system/${shardLeaseName(ref.secret.name, i)}`);
+      const written = await compareAndSwap(api, name, (current) => {
+        const read = readPool(current, `Lease kube-system/${name}`);
         view = new Map([...holderView(read, l.tickets, fresh)].filter(([node]) => !elsewhere.has(node) || read.holders.some((h) => h.node === node)));
-        const judged: PoolRecord = { ...read, ...(failed ? { failed } : {}) };
         // Its share of k, and no more than k leaves the other shards (holders admitted under a larger k stay
         // in shards whose share is smaller now): the shares alone keep writers with different k's within the
         // largest; this keeps one leader within k.
-        const d = decide(judged, view, Math.min(shardSlots(i, k, capacity), k - held(i).length));
+        const d = decide(withFailed(read), view, Math.min(share, k - held(i).length));
         admittedHere = d.admit;
         // A shard over its share (k lowered) moves and grants nobody: an entry whose ticket shows no grant of
         // it then stands for no disruption (given back, or never told) and goes, so the shard drains.
-        const over = read.holders.length - d.drop.length > shardSlots(i, k, capacity);
+        const over = read.holders.length - d.drop.length > share;
         // (Only on tickets seen: one this leader never saw may carry another leader's grant.)
         const drop = over ? [...d.drop, ...ungranted(read, seen).filter((n) => !d.drop.includes(n))] : d.drop;
         let next = drop.length > 0 ? withoutHolders(read, drop) : read;
         for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at, t.request?.changes ? [t.request.changes] : undefined);
-        if (!over) for (const h of movesOwed({ ...next, ...(failed ? { failed } : {}) }, view)) next = withHolder(next, h.node, h.revision, at, h.changes);
+        if (!over) for (const h of movesOwed(withFailed(next), view)) next = withHolder(next, h.node, h.revision, at, h.changes);
         if (drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: drop });
         const poolSize = i === 0 ? l.tickets.size : read.poolSize;
         if (next === read && read.poolSize === poolSize) return undefined;
         return slotsLeaseBody(ref.secret, current, { ...next, ...(poolSize !== undefined ? { poolSize } : {}) }, i);
       }, known?.lease);
-      const record = readPool(written, `Lease kube-system/${shardLeaseName(ref.secret.name, i)}`);
+      const record = readPool(written, `Lease kube-system/${name}`);
       if (written) l.shards.set(i, { record, lease: written });
       admitted.push(...admittedHere);
       holders.push(...record.holders);
       // The grants of a shard go out together (a wave of admissions waits for the slowest, not for their sum).
-      if (record.holders.length > shardSlots(i, k, capacity)) continue;
+      if (record.holders.length > share) continue;
       await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
     }
     const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;
-    await inParallel(stopsOwed({ holders, ...(failed ? { failed } : {}) }, l.tickets), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: told }));
+    await inParallel(stopsOwed(withFailed({ holders }), l.tickets), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: told }));
     if (admitted.length > 0) log.info("admitted waiting nodes", { nodes: admitted.map((t) => t.node), k, poolSize: l.tickets.size });
   }
 
@@ -306,9 +309,9 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
    * Writes on shard 0, before anyone is admitted anywhere, that a holder's ticket went before its gate passed
    * (withLostHolders). Returns the pool's failure as it stands then.
    */
-  async function recordLost(l: Leading, fresh: ReadonlyMap<string, Ticket | null>, at: string): Promise<PoolRecord["failed"]> {
+  async function recordLost(l: Leading, holders: PoolRecord["holders"], fresh: ReadonlyMap<string, Ticket | null>, at: string): Promise<PoolRecord["failed"]> {
     const failed = l.shards.get(0)?.record?.failed;
-    const all: PoolRecord = { holders: [...l.shards.values()].flatMap((s) => s.record?.holders ?? []), ...(failed ? { failed } : {}) };
+    const all: PoolRecord = { holders, ...(failed ? { failed } : {}) };
     const lost = withLostHolders(all, holderView(all, l.tickets, fresh), at, (node) => l.departed.get(node)).failed;
     if (!lost || lost === failed) return failed;
     const name0 = shardLeaseName(ref.secret.name, 0);

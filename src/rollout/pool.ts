@@ -241,12 +241,17 @@ export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticke
 export function grantsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.filter((h) => {
     const t = tickets.get(h.node);
-    return t?.request !== undefined && t.request.revision === h.revision && (t.grant?.revision !== h.revision || t.grant.at !== h.since || t.grant.stopped !== undefined);
+    return t?.request !== undefined && t.request.revision === h.revision && !showsGrant(t, h);
   });
 }
 
-/** The record with `node` admitted for `revision` (or its holding moved on to `revision`). */
-/** `changes`: the changes of each piece of work the holder holds the slot for (a move adds its own to the prior's). */
+/** Whether `t` shows the grant of `h`'s admission (its revision and time, not a stop). */
+const showsGrant = (t: Ticket, h: Holder) => t.grant?.revision === h.revision && t.grant.at === h.since && t.grant.stopped === undefined;
+
+/**
+ * The record with `node` admitted for `revision` (or its holding moved on to `revision`). `changes`: the changes
+ * of each piece of work the holder holds the slot for (a move passes the prior's with its own).
+ */
 export function withHolder(record: PoolRecord, node: string, revision: string, at: string, changes?: readonly (readonly string[])[]): PoolRecord {
   const others = record.holders.filter((h) => h.node !== node);
   const prior = record.holders.find((h) => h.node === node);
@@ -265,8 +270,7 @@ export function ungranted(record: PoolRecord, tickets: ReadonlyMap<string, Ticke
   return record.holders
     .filter((h) => {
       const t = tickets.get(h.node);
-      const g = t?.grant;
-      return t !== undefined && !(g && g.revision === h.revision && g.at === h.since && g.stopped === undefined);
+      return t !== undefined && !showsGrant(t, h);
     })
     .map((h) => h.node);
 }

@@ -35,10 +35,10 @@ export function toWeigh(planned: Plan | undefined, progress: Progress | undefine
 export async function admit(ctx: OscContext, w: Omit<Work, "disruption">, plan: Plan | undefined, settings: RolloutSettings): Promise<{ admitted: boolean } | { wait: Wait }> {
   const disruption = plan ? disruptionOf(plan, settings.disruptiveUnits) : { units: [], paths: [] };
   const changes = plan ? changesOf(plan) : [];
+  await reportOwed(ctx);
   // A no-op re-check asks nothing of the rollout, unless an OSC's work is under way there (a rollback to
   // apply, a gate to follow); a requested restart waiting or gating is the restart controller's, and the
   // end of an apply the rollout was not asked about must not pass for the end of that restart's apply.
-  await reportOwed(ctx);
   const current = (await ctx.deps.rollout.state()).current;
   if ((plan?.steps.length ?? 0) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
   const decision = await ctx.deps.rollout.offer({ ...w, disruption, ...(changes.length > 0 ? { changes } : {}) });

@@ -156,7 +156,8 @@ export function startRollout(deps: RolloutDeps): Rollout {
       tell ||= (r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back") || r.action.do === "released";
       action = r.action;
       event = await syncPool(r.state);
-      if (!event && r.action.do === "released" && r.action.clearFailure) await clearFailure(r.action.clearFailure);
+      // Beside the serializer, as a failure's record write is: a write out of reach takes a timeout.
+      if (!event && r.action.do === "released" && r.action.clearFailure) void clearFailure(r.action.clearFailure);
     }
     // Told once on each such step: the OSC controller's offers while the node rolls back get the same answer,
     // and telling it again at each would have it offer again at once, round and round.
