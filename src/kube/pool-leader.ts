@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, ungranted, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import type { WatchEvent } from "./watch.ts";
@@ -256,7 +256,6 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const failed = await recordLost(l, held(), fresh, at);
     /** `r` judged with the pool's failure (on shard 0, whatever shard `r` is). */
     const withFailed = (r: PoolRecord): PoolRecord => (failed ? { ...r, failed } : r);
-    const seen = new Map([...l.tickets, ...[...fresh].flatMap(([n, t]) => (t ? [[n, t] as const] : []))]);
     const admitted: Ticket[] = [];
     const holders: PoolRecord["holders"] = [];
     const top = Math.max(shardsFor(k, capacity), ...[...l.shards.keys()].map((i) => i + 1));
@@ -279,15 +278,12 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
         // largest; this keeps one leader within k.
         const d = decide(withFailed(read), view, Math.min(share, k - held(i).length));
         admittedHere = d.admit;
-        // A shard over its share (k lowered) moves and grants nobody: an entry whose ticket shows no grant of
-        // it then stands for no disruption (given back, or never told) and goes, so the shard drains.
+        // A shard over its share (k lowered) moves and grants nobody: a move or a grant lets a holder disrupt.
         const over = read.holders.length - d.drop.length > share;
-        // (Only on tickets seen: one this leader never saw may carry another leader's grant.)
-        const drop = over ? [...d.drop, ...ungranted(read, seen).filter((n) => !d.drop.includes(n))] : d.drop;
-        let next = drop.length > 0 ? withoutHolders(read, drop) : read;
+        let next = d.drop.length > 0 ? withoutHolders(read, d.drop) : read;
         for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at, t.request?.changes ? [t.request.changes] : undefined);
         if (!over) for (const h of movesOwed(withFailed(next), view)) next = withHolder(next, h.node, h.revision, at, h.changes);
-        if (drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: drop });
+        if (d.drop.length > 0) log.info("dropped holders whose ticket is gone or asks for nothing", { nodes: d.drop });
         const poolSize = i === 0 ? l.tickets.size : read.poolSize;
         if (next === read && read.poolSize === poolSize) return undefined;
         return slotsLeaseBody(ref.secret, current, { ...next, ...(poolSize !== undefined ? { poolSize } : {}) }, i);

@@ -262,19 +262,6 @@ export function withoutHolders(record: PoolRecord, nodes: readonly string[]): Po
   return { ...record, holders: record.holders.filter((h) => !nodes.includes(h.node)) };
 }
 
-/**
- * Holders whose ticket (among `tickets`: those seen) does not show the grant of their admission (its revision
- * and time): given back, or not told yet.
- */
-export function ungranted(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): string[] {
-  return record.holders
-    .filter((h) => {
-      const t = tickets.get(h.node);
-      return t !== undefined && !showsGrant(t, h);
-    })
-    .map((h) => h.node);
-}
-
 /** Waiting tickets for the revision that failed (or one that carries its changes), not yet told so. */
 export function stopsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Ticket[] {
   const failed = record.failed;

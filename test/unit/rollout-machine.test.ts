@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, ungranted, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
 
 const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
@@ -392,16 +392,6 @@ describe("the pool's decisions", () => {
     expect([shardOf("p", "p-slots"), shardOf("p", "p-slots-3"), shardOf("p", "p-slots-03"), shardOf("p", "p-slots-x"), shardOf("p", "q-slots-1")]).toEqual([0, 3, undefined, undefined, undefined]);
     expect(shardLeaseName("p", 0)).toBe("p-slots");
     expect(shardLeaseName("p", 2)).toBe("p-slots-2");
-  });
-
-  test("entries whose ticket shows no grant of them (given back, or never told) are what a shard over its share drops; unseen tickets are left alone", () => {
-    const rec: PoolRecord = { holders: [{ node: "a", revision: "r1", since: "t1" }, { node: "b", revision: "r1", since: "t2" }, { node: "c", revision: "r1", since: "t3" }, { node: "d", revision: "r1", since: "t4" }] };
-    const ts = tickets(
-      { node: "a", request: { revision: "r1", reason: "osc", since: "t0" }, grant: { revision: "r1", at: "t1" } }, // admitted and told
-      { node: "b", request: { revision: "r2", reason: "osc", since: "t5" } }, // gave back, asks again
-      { node: "c", request: { revision: "r1", reason: "osc", since: "t0" }, grant: { revision: "r1", at: "t0" } }, // a grant of an earlier admission
-    );
-    expect(ungranted(rec, ts)).toEqual(["b", "c"]);
   });
 
   test("item 5: holders beyond k (k lowered, pool shrunk) admit nobody", () => {
