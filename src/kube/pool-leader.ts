@@ -276,10 +276,12 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
         // Its share of k, and no more than k leaves the other shards (holders admitted under a larger k stay
         // in shards whose share is smaller now): the shares alone keep writers with different k's within the
         // largest; this keeps one leader within k.
-        const d = decide(withFailed(read), view, Math.min(share, k - held(i).length));
+        const room = Math.min(share, k - held(i).length);
+        const d = decide(withFailed(read), view, room);
         admittedHere = d.admit;
-        // A shard over its share (k lowered) moves and grants nobody: a move or a grant lets a holder disrupt.
-        const over = read.holders.length - d.drop.length > share;
+        // A shard over its room (k lowered: over its share, or more hold slots in all shards than k) moves and
+        // grants nobody: a move or a grant lets a holder disrupt.
+        const over = read.holders.length - d.drop.length > room;
         let next = d.drop.length > 0 ? withoutHolders(read, d.drop) : read;
         for (const t of d.admit) next = withHolder(next, t.node, t.request?.revision as string, at, t.request?.changes ? [t.request.changes] : undefined);
         if (!over) for (const h of movesOwed(withFailed(next), view)) next = withHolder(next, h.node, h.revision, at, h.changes);
@@ -293,7 +295,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       admitted.push(...admittedHere);
       holders.push(...record.holders);
       // The grants of a shard go out together (a wave of admissions waits for the slowest, not for their sum).
-      if (record.holders.length > share) continue;
+      if (record.holders.length > Math.min(share, k - held(i).length)) continue;
       await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
     }
     const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;

@@ -19,6 +19,7 @@ import {
   shardCapacity,
   shardLeaseName,
   shardSlots,
+  shardsFor,
   slotsLabel,
   stops,
   type Ticket,
@@ -143,6 +144,22 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
     return (lease && readTicket(lease, `Lease kube-system/${name}`)?.grant?.shard) ?? 0;
   };
   const readShard = async (shard: number) => readPool(await api.get(shardName(shard)), source(shard));
+  /**
+   * How many hold slots in the shards other than `own` (`first`: shard 0 as read already). Shards are created
+   * in order, so they are read up to the first that is missing past those k needs. Only a move reads them:
+   * the record holds no total, and a move under a lowered k must see holders of every shard.
+   */
+  async function holdersElsewhere(own: number, budget: Budget, first?: PoolRecord): Promise<number> {
+    const zero = own === 0 ? undefined : (first ?? (await readShard(0)));
+    const needed = shardsFor(budgetSlots(budget, zero?.poolSize ?? 1), capacity);
+    let count = zero?.holders.length ?? 0;
+    for (let i = 1; ; i++) {
+      if (i === own) continue;
+      const lease = await api.get(shardName(i));
+      if (!lease && i >= needed) return count;
+      count += readPool(lease, source(i)).holders.length;
+    }
+  }
 
   const ticketBody = (current: V1Lease | undefined, annotations: Record<string, string>): V1Lease => ({
     apiVersion: "coordination.k8s.io/v1",
@@ -195,6 +212,7 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
       const shard = await myShard();
       // The failure and the pool's size are on shard 0 (read once more inside the swap when that is the node's).
       const first = shard === 0 ? undefined : await readShard(0);
+      const elsewhere = budget ? await holdersElsewhere(shard, budget, first) : 0;
       let outcome: { ok: true } | { ok: false; stopped?: Failure; overBudget?: true } = { ok: true };
       await updatePool((record) => {
         const pool = first ?? record;
@@ -210,7 +228,9 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
           return undefined;
         }
         // The pool's size as the leader last counted it (without a count yet, as few nodes as hold slots).
-        if (budget && mine.revision !== revision && record.holders.length > shardSlots(shard, budgetSlots(budget, pool.poolSize ?? record.holders.length), capacity)) {
+        // Both the shard's share and k over all shards: holders admitted under a larger k stay in every shard.
+        const k = budget && budgetSlots(budget, pool.poolSize ?? record.holders.length + elsewhere);
+        if (k !== undefined && mine.revision !== revision && (record.holders.length > shardSlots(shard, k, capacity) || record.holders.length + elsewhere > k)) {
           outcome = { ok: false, overBudget: true };
           return undefined;
         }

@@ -4,7 +4,8 @@
 // holders give their slots back; the leader's Lease taken over when its holder dies (judged on the
 // waiter's own clock); a holder that stops answering keeps its slot however long, until the garbage
 // collector deletes its ticket with its Node, which stops its revision as failed; a revision that failed is admitted nowhere and its waiters
-// are told; a waiting node costs the API server nothing while it waits (no list, no poll).
+// are told; a holder moves on to new work only while the holders of every shard are within k; a waiting node
+// costs the API server nothing while it waits (no list, no poll).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, type V1Lease, Watch } from "@kubernetes/client-node";
 import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
@@ -39,7 +40,7 @@ afterAll(async () => {
 type Agent = { name: string; member: PoolMember; leader: PoolLeader; ticket(): Promise<Ticket | undefined>; stop(): Promise<void> };
 
 let seq = 0;
-async function pool(budget: Budget, nodes: number, leaseDurationMs = 3_000) {
+async function pool(budget: Budget | (() => Budget), nodes: number, leaseDurationMs = 3_000, capacity?: number) {
   const name = `pool-${++seq}`;
   const secret = await core.createNamespacedSecret({ namespace, body: { metadata: { name }, data: {} } });
   const uid = secret.metadata?.uid as string;
@@ -56,8 +57,8 @@ async function pool(budget: Budget, nodes: number, leaseDurationMs = 3_000) {
     await registerNode(core, node);
     const nodeUid = (await core.readNode({ name: node })).metadata?.uid as string;
     const ref = { secret: { name, uid }, node: { name: node, uid: nodeUid } };
-    const member = poolMember(api, ref);
-    const leader = startPoolLeader({ api, ref, log, budget: () => budget, clock: monotonicMs, wallNow: () => new Date(), leaseDurationMs, renewEveryMs: leaseDurationMs / 3 });
+    const member = poolMember(api, ref, capacity);
+    const leader = startPoolLeader({ api, ref, log, budget: typeof budget === "function" ? budget : () => budget, ...(capacity ? { shardCapacity: capacity } : {}), clock: monotonicMs, wallNow: () => new Date(), leaseDurationMs, renewEveryMs: leaseDurationMs / 3 });
     const ticket = async () => {
       const l = await api.get(member.ticketName);
       return l ? readTicket(l, member.ticketName) : undefined;
@@ -142,6 +143,26 @@ describe("the pool protocol on real Leases", () => {
     expect(tb?.grant?.stopped).toContain("Node Ready: False");
     expect(admitted(tb)).toBe(false);
     expect(await b.member.stopped("bad")).toMatchObject({ node: a.name });
+    await p.stop();
+  }, 120_000);
+
+  test("k lowered under holders in two shards: no holder moves on to new work until they are within k again", async () => {
+    let budget: Budget = { text: "3", count: 3 };
+    const p = await pool(() => budget, 3, 3_000, 2);
+    for (const [i, a] of p.agents.entries()) await ask(a, "r1", `2026-01-01T00:00:0${i}Z`);
+    for (const a of p.agents) await waitFor(`${a.name} admitted`, async () => ((await granted(a)) ? true : undefined), 30_000, 100);
+    const [a, b, c] = p.agents as [Agent, Agent, Agent];
+    expect((await c.ticket())?.grant?.shard).toBe(1);
+    budget = { text: "2", count: 2 };
+    // Shard 0 holds two, its full share of k = 2: only the holder in shard 1 shows that three hold slots.
+    for (const x of [a, b, c]) expect(await x.member.moveOn("r2", new Date().toISOString(), budget)).toEqual({ ok: false, overBudget: true });
+    c.leader.campaign(false);
+    await c.member.release();
+    // Within k again: a moves on, then asks for the new work (as the agent does), and the leader grants it.
+    expect(await a.member.moveOn("r2", new Date().toISOString(), budget)).toEqual({ ok: true });
+    await a.member.request({ revision: "r2", reason: "osc", since: new Date().toISOString() });
+    await waitFor("a granted r2", async () => ((await a.ticket())?.grant?.revision === "r2" ? true : undefined), 30_000, 100);
+    expect((await a.member.holding())?.revision).toBe("r2");
     await p.stop();
   }, 120_000);
 });
