@@ -26,6 +26,7 @@ const V2 = object({
         base: v.string(),
         disruption: object({ units: v.array(v.string()), paths: v.array(v.string()) }),
         changes: v.optional(v.array(v.string())),
+        carries: v.optional(v.array(v.string())),
       }),
       phase: v.picklist(["waiting", "applying", "gating", "rolling-back", "failed"]),
       since: v.optional(Reading),
@@ -33,16 +34,17 @@ const V2 = object({
       check: v.optional(v.string()),
       rollbackTo: v.optional(Good),
       gate: v.optional(Gate),
-      recordOwed: v.optional(v.boolean()),
+      recordOwed: v.optional(object({ revision: v.string(), failure: v.string(), changes: v.array(v.array(v.string())) })),
       pieces: v.optional(v.array(v.array(v.string()))),
       inconclusive: v.optional(v.boolean()),
-      failure: v.optional(v.string()),
       retryable: v.optional(v.boolean()),
       retryOf: v.optional(v.string()),
     }),
   ),
   lastGood: v.optional(object({ checksum: v.string(), base: v.string(), at: v.string() })),
   blocked: v.optional(object({ revision: v.string(), checksum: v.string(), check: v.string() })),
+  retry: v.optional(object({ revision: v.string() })),
+  recorded: v.optional(v.string()),
 });
 
 const V1 = object({

@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, type Request, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stops, stopsOwed, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stopsOwed, stopsRequest, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import type { WatchEvent } from "./watch.ts";
@@ -49,8 +49,8 @@ type Leading = {
   /** The pool's tickets by node, and each node's ticket Lease name. */
   tickets: Map<string, Ticket>;
   leaseOf: Map<string, string>;
-  /** The last request of each ticket that went while this agent led. */
-  departed: Map<string, Request>;
+  /** The last state of each ticket that went while this agent led. */
+  departed: Map<string, Ticket>;
   /**
    * The record's shards by index, as the watches delivered them: an admission's write starts from the Lease,
    * without a read. A shard whose record is undefined cannot be read: nobody is admitted until it is fixed.
@@ -181,9 +181,10 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
         nodeOf.delete(key);
       }
       const t = e.type === "DELETED" ? undefined : readTicket(e.object, `Lease kube-system/${key}`);
-      // What a ticket that went last asked for: a holder lost with it stops what it was changing (withLostHolders).
-      const request = before !== undefined && e.type === "DELETED" ? readTicket(e.object, `Lease kube-system/${key}`)?.request : undefined;
-      if (request && before !== undefined) state.departed.set(before, request);
+      // A ticket's last state (its deletion's event carries it): what a holder lost with it was told and was
+      // changing (withLostHolders).
+      const last = before !== undefined && e.type === "DELETED" ? readTicket(e.object, `Lease kube-system/${key}`) : undefined;
+      if (last && before !== undefined) state.departed.set(before, last);
       if (t) {
         state.tickets.set(t.node, t);
         state.leaseOf.set(t.node, key);
@@ -265,7 +266,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       const share = shardSlots(i, k, capacity);
       // Nodes that hold a slot in another shard, or were admitted into one in this pass, wait for nothing here.
       const elsewhere = new Set([...held(i).map((h) => h.node), ...admitted.map((t) => t.node)]);
-      const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stops(failed, t.request.revision, t.request.changes));
+      const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stopsRequest(failed, t));
       // A shard is created only to admit into it.
       if (i > 0 && !known?.lease && (!candidates || share === 0)) continue;
       let view = l.tickets;

@@ -3,9 +3,7 @@
 // read; nothing here lists the pool.
 import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import { createHash } from "node:crypto";
-import type { Budget } from "../api/rollout.ts";
 import {
-  budgetSlots,
   decodePool,
   decodeTicket,
   encodePool,
@@ -15,17 +13,14 @@ import {
   leaderLeaseName,
   poolLeaseLabel,
   type PoolRecord,
+  provenFailure,
   type Request,
   shardCapacity,
   shardLeaseName,
-  shardSlots,
-  shardsFor,
   slotsLabel,
-  stops,
   type Ticket,
   ticketLabel,
   ticketName,
-  withHolder,
   withoutHolders,
 } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
@@ -108,30 +103,27 @@ export type PoolMember = {
   /** Creates the node's ticket if it has none (the pool counts its nodes by their tickets). */
   ensureTicket(): Promise<void>;
   /**
-   * Sets what the node asks for (undefined: nothing), keeping a grant only for the revision still asked for
-   * and the time of a request for the same revision.
+   * Sets what the node asks for (undefined: nothing), keeping its grant (a stop only for the revision still
+   * asked for) and the time of a request for the same revision.
    */
   request(request: Request | undefined): Promise<Ticket | undefined>;
   /** This node's entry on the record, if it holds a slot (`shard`: where its grant says it is; else its ticket is read for that). */
   holding(shard?: number): Promise<Holder | undefined>;
-  /**
-   * Moves the slot this node holds on to `revision` (work applied under it). Refused when that revision
-   * failed its gate elsewhere, when the node no longer holds a slot (an operator freed it), or, given the
-   * budget, while more nodes hold slots than it allows (k lowered, the pool shrank).
-   */
-  moveOn(revision: string, at: string, budget?: Budget, changes?: readonly string[], retryOf?: string): Promise<{ ok: true } | { ok: false; stopped?: Failure; overBudget?: true }>;
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
-  /** Takes this node's failure of `revision` off the record (it was inconclusive, and the retry passed). */
-  clearFailure(revision: string): Promise<void>;
+  /**
+   * Takes what the node proved of its failure of `revision` off the record (it was inconclusive, and the retry
+   * passed: `provenFailure`).
+   */
+  clearFailure(revision: string, proven?: readonly string[]): Promise<void>;
   /**
    * Withdraws the ticket's request, then leaves the record (its shard: at most 32 holders write it, so giving
    * back costs a write whatever k is). The ticket first: once it asks for nothing the leader cannot admit the
    * node again, and an entry left behind by a stop between the two writes is dropped by the leader.
    */
   release(): Promise<void>;
-  /** The failure on the record for `revision`, if any (one read). */
-  stopped(revision: string): Promise<Failure | undefined>;
+  /** The failure on the record, if any (one read). */
+  failure(): Promise<Failure | undefined>;
 };
 
 export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity): PoolMember {
@@ -144,23 +136,6 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
     return (lease && readTicket(lease, `Lease kube-system/${name}`)?.grant?.shard) ?? 0;
   };
   const readShard = async (shard: number) => readPool(await api.get(shardName(shard)), source(shard));
-  /**
-   * How many hold slots in the shards other than `own` (`first`: shard 0 as read already). Shards are created
-   * in order, so they are read up to the first that is missing past those k needs. Only a move reads them:
-   * the record holds no total, and a move under a lowered k must see holders of every shard.
-   */
-  async function holdersElsewhere(own: number, budget: Budget, first?: PoolRecord): Promise<number> {
-    const zero = own === 0 ? undefined : (first ?? (await readShard(0)));
-    const needed = shardsFor(budgetSlots(budget, zero?.poolSize ?? 1), capacity);
-    let count = zero?.holders.length ?? 0;
-    for (let i = 1; ; i++) {
-      if (i === own) continue;
-      const lease = await api.get(shardName(i));
-      if (!lease && i >= needed) return count;
-      count += readPool(lease, source(i)).holders.length;
-    }
-  }
-
   const ticketBody = (current: V1Lease | undefined, annotations: Record<string, string>): V1Lease => ({
     apiVersion: "coordination.k8s.io/v1",
     kind: "Lease",
@@ -196,7 +171,9 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
     async request(request) {
       const written = await compareAndSwap(api, name, (current) => {
         const t = current ? readTicket(current, `Lease kube-system/${name}`) : undefined;
-        const grant = request && t?.grant?.revision === request.revision ? t.grant : undefined;
+        // A grant stays while the node asks for anything (new work under its slot, too) until it gives its slot
+        // back: the ticket shows that the node heard of its admission, whatever it asks for since.
+        const grant = request && t?.grant && (t.grant.revision === request.revision || t.grant.stopped === undefined) ? t.grant : undefined;
         // Asked again for the same revision (an agent restart): the place in the queue is kept.
         if (request && t?.request?.revision === request.revision) request = { ...request, since: t.request.since };
         const same = JSON.stringify(t?.request) === JSON.stringify(request) && JSON.stringify(t?.grant) === JSON.stringify(grant);
@@ -208,42 +185,12 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
       const s = shard ?? (await myShard());
       return (await readShard(s)).holders.find((h) => h.node === ref.node.name);
     },
-    async moveOn(revision, at, budget, changes, retryOf) {
-      const shard = await myShard();
-      // The failure and the pool's size are on shard 0 (read once more inside the swap when that is the node's).
-      const first = shard === 0 ? undefined : await readShard(0);
-      const elsewhere = budget ? await holdersElsewhere(shard, budget, first) : 0;
-      let outcome: { ok: true } | { ok: false; stopped?: Failure; overBudget?: true } = { ok: true };
-      await updatePool((record) => {
-        const pool = first ?? record;
-        const mine = record.holders.find((h) => h.node === ref.node.name);
-        // Stopped, unless only by this node's own inconclusive failure that this move retries.
-        const ownRetry = retryOf !== undefined && pool.failed?.revision === retryOf && pool.failed.node === ref.node.name;
-        if (stops(pool.failed, revision, changes) && !ownRetry) {
-          outcome = pool.failed ? { ok: false, stopped: pool.failed } : { ok: false };
-          return undefined;
-        }
-        if (!mine) {
-          outcome = { ok: false };
-          return undefined;
-        }
-        // The pool's size as the leader last counted it (without a count yet, as few nodes as hold slots).
-        // Both the shard's share and k over all shards: holders admitted under a larger k stay in every shard.
-        const k = budget && budgetSlots(budget, pool.poolSize ?? record.holders.length + elsewhere);
-        if (k !== undefined && mine.revision !== revision && (record.holders.length > shardSlots(shard, k, capacity) || record.holders.length + elsewhere > k)) {
-          outcome = { ok: false, overBudget: true };
-          return undefined;
-        }
-        outcome = { ok: true };
-        return mine.revision === revision ? undefined : withHolder(record, ref.node.name, revision, at, mine.changes || changes ? [...(mine.changes ?? []), ...(changes ? [changes] : [])] : undefined);
-      }, shard);
-      return outcome;
-    },
-    async clearFailure(revision) {
+    async clearFailure(revision, proven) {
       await updatePool((record) => {
         if (record.failed?.revision !== revision || record.failed.node !== ref.node.name) return undefined;
-        const { failed: _, ...rest } = record;
-        return rest;
+        const { failed, ...rest } = record;
+        const left = provenFailure(failed, proven);
+        return left ? { ...rest, failed: left } : rest;
       });
     },
     async recordFailure(failure) {
@@ -265,9 +212,8 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
         if (!(leading && err instanceof KubeError && err.reason === "conflict")) throw err;
       });
     },
-    async stopped(revision) {
-      const failed = (await readShard(0)).failed;
-      return failed?.revision === revision ? failed : undefined;
+    async failure() {
+      return (await readShard(0)).failed;
     },
   };
 }

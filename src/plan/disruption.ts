@@ -5,7 +5,8 @@
 // reaches a node the moment it is written, so one bad kube-apiserver manifest would restart it on every
 // control-plane node together: it passes the same admission, gate and budget as a unit restart. A plan
 // that writes only other files, or enables units, disrupts nothing and is never held back. Pure.
-import { sha256Hex } from "../api/desired.ts";
+import { type Desired, sha256Hex } from "../api/desired.ts";
+import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Plan } from "../api/plan.ts";
 
 export const alwaysDisruptive: readonly string[] = ["kubelet.service", "containerd.service"];
@@ -39,9 +40,23 @@ export function disruptedPaths(plan: Plan): string[] {
  * removed: the same change gives the same digest on every node, whatever else its plan holds.
  */
 export function changesOf(plan: Plan): string[] {
-  const digests = plan.steps.flatMap((s) => (s.kind === "write" ? [`${s.path}\0${s.sha256}`] : s.kind === "remove" ? [`${s.path}\0-`] : []));
-  return [...new Set(digests.map((d) => sha256Hex(d).slice(0, 16)))];
+  return digestsOf(plan.steps.flatMap((s) => (s.kind === "write" ? [[s.path, s.sha256]] : s.kind === "remove" ? [[s.path, "-"]] : [])));
 }
+
+/**
+ * Every file, unit and drop-in the desired state leaves on the node, digested as `changesOf` digests a write:
+ * with the node's `changes`, whether it would end up running all of a change that failed elsewhere (its
+ * other parts may be there already).
+ */
+export function carriesOf(desired: Desired): string[] {
+  const entries = [
+    ...desired.files.map((f) => [f.path, f.sha256] as const),
+    ...desired.units.flatMap((u) => [...(u.sha256 !== undefined ? [[unitFilePath(u.name), u.sha256] as const] : []), ...u.dropIns.map((d) => [dropInPath(u.name, d.name), d.sha256] as const)]),
+  ];
+  return digestsOf(entries);
+}
+
+const digestsOf = (entries: readonly (readonly [string, string])[]): string[] => [...new Set(entries.map(([path, sha]) => sha256Hex(`${path}\0${sha}`).slice(0, 16)))];
 
 /** What the plan disrupts: counted units and live-read files. */
 export const disruptionOf = (plan: Plan, patterns: readonly string[]) => ({ units: disruptedUnits(plan, patterns), paths: disruptedPaths(plan) });

@@ -39,6 +39,11 @@ export type Work = {
    * src/plan/disruption.ts): a failure of this work stops a later revision that still carries all of it.
    */
   changes?: string[];
+  /**
+   * Every file and unit the work leaves on the node (`carriesOf`): once it passed its gate on a node whose
+   * failure is on the pool's record, those changes of the failure are proven and no longer stop anything.
+   */
+  carries?: string[];
 };
 
 export type Phase =
@@ -70,25 +75,31 @@ export type Current = {
   pieces?: string[][];
   /** The check that failed last could not tell the change's fault from a partition's (`look`'s `inconclusive`). */
   inconclusive?: boolean;
-  /** The check that failed the work's own gate (what the pool's record says, whatever the rollback's looks find later). */
-  failure?: string;
-  /** It failed on an inconclusive check: once the rollback passed its gate, the work is tried again (`pass`). */
+  /**
+   * It failed on an inconclusive check: once the rollback passed its gate, the slot goes back and the node
+   * asks again for the work (`NodeRollout.retry`); with nothing rolled back, the node staying healthy on the
+   * work for the settle time is its gate passed late (`pass`).
+   */
   retryable?: boolean;
   /**
-   * A second try after an inconclusive failure of this revision and the rollback (`pass`): the work (or newer
-   * work the Secret asks for meanwhile, applied under the same slot) passing its gate takes that failure off
-   * the pool's record; failing it is final.
+   * A second try after an inconclusive failure of this revision (the work, or newer work the Secret asks for
+   * meanwhile): failing it is final. The pool admits the node that failed although its failure stops the
+   * revision for every other node.
    */
   retryOf?: string;
   /**
-   * The failure is not on the pool's record yet. The node rolls back at once (its change may have cut it off
+   * A failure not on the pool's record yet. The node rolls back at once (its change may have cut it off
    * from the API server, and only the rollback brings it back), but it keeps its slot until the failure is
-   * recorded: nobody else may take the revision before the pool knows it failed.
+   * recorded: nobody else may take the revision before the pool knows it failed. It names the work that
+   * failed, not newer work applied under the slot meanwhile (which must not be stopped for it).
    */
-  recordOwed?: boolean;
+  recordOwed?: OwedFailure;
 };
 
 export type Good = { checksum: string; base: string };
+
+/** What the pool's record is to say of a failed gate: the revision, its own failed check, the changes of each piece of work under the admission. */
+export type OwedFailure = { revision: string; failure: string; changes: string[][] };
 
 export type NodeRollout = {
   version: 2;
@@ -97,6 +108,17 @@ export type NodeRollout = {
   lastGood?: Good & { at: string };
   /** An OSC revision that failed its gate here and was rolled back from: not applied here again. */
   blocked?: { revision: string; checksum: string; check: string };
+  /**
+   * This node's inconclusive failure of `revision` is on the pool's record and the rollback passed: its next
+   * OSC work is the retry (`Current.retryOf`), admitted as any work is (held back while paused or outside
+   * every window, then a slot), so the pool's rollout of that change waits for this node alone.
+   */
+  retry?: { revision: string };
+  /**
+   * This node's failure of `revision` went on the pool's record: the next work that passes its gate here
+   * proves what of it the node runs then (`clearFailure`).
+   */
+  recorded?: string;
 };
 
 export const emptyNodeRollout = (): NodeRollout => ({ version: 2 });
@@ -144,10 +166,11 @@ export type Action =
   /** Look at the node's health again in a moment. */
   | { do: "look" }
   /**
-   * The work is proven: the slot goes back. `clearFailure`: the pool's failure of that revision was this
-   * node's inconclusive one, and the retry passed: it is taken off the record.
+   * The work is proven: the slot goes back. `clearFailure`: this node's failure of that revision went on the
+   * pool's record: what of it the node runs now is proven (`proven`: every file and unit the passed work left
+   * there) and comes off the record (`provenFailure`, src/rollout/pool.ts).
    */
-  | { do: "released"; passed: Work; clearFailure?: string };
+  | { do: "released"; passed: Work; clearFailure?: { revision: string; proven?: string[] } };
 
 export type Ctx = { now: BootClockReading; wallIso: string; policy: GatePolicy };
 
@@ -200,8 +223,8 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
       since: ctx.now,
       gate: gateOf(ctx),
       // A failure not yet recorded stays owed: the failed change happened whatever comes after it.
-      ...(cur.recordOwed ? { recordOwed: true } : {}),
-      // Newer work during a retry is the retry: its gate passing clears the inconclusive failure.
+      ...(cur.recordOwed ? { recordOwed: cur.recordOwed } : {}),
+      // Newer work during a retry is the retry.
       ...(cur.retryOf && !cur.rollbackTo ? { retryOf: cur.retryOf } : {}),
     };
     return { state: { ...s, current: chained }, action: { do: "apply", target: "work" } };
@@ -213,7 +236,8 @@ function want(s: NodeRollout, work: Work, holdBack: HoldBack | undefined, ctx: C
     return { state: keep || !cur ? s : { ...s, current: undefined }, action: { do: "apply-free" } };
   }
   if (cur?.phase === "waiting" && cur.work.revision === work.revision) return { state: { ...s, current: { ...cur, work } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
-  return { state: { ...s, current: { work, phase: "waiting" } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
+  const retry = s.retry && work.kind === "osc" ? { retryOf: s.retry.revision } : {};
+  return { state: { ...s, current: { work, phase: "waiting", ...retry } }, action: { do: "hold", reason: "WaitingForSlot", message: waitingMessage(work) } };
 }
 
 const disruptsAny = (w: Work) => disrupts(w.disruption);
@@ -221,7 +245,7 @@ const disruptsAny = (w: Work) => disrupts(w.disruption);
  * What each piece of work applied under the current admission changed: if the gate fails, any of them may be
  * what failed, so a later revision that carries any one of them whole is stopped.
  */
-export const piecesOf = (cur: Current): string[][] => cur.pieces ?? (cur.work.changes ? [cur.work.changes] : []);
+const piecesOf = (cur: Current): string[][] => cur.pieces ?? (cur.work.changes ? [cur.work.changes] : []);
 const gateOf = ({ policy: { pooled: _, ...gate } }: Ctx): Gate => gate;
 
 function granted(s: NodeRollout, revision: string, ctx: Ctx): { state: NodeRollout; action: Action } {
@@ -272,12 +296,16 @@ function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
   if (cur.recordOwed) return { state: { ...s, current: cur }, action: { do: "look" } };
   if (cur.rollbackTo && cur.retryable) {
     // The change failed where the node could not see itself (cut off, its Node Unknown), and the node is
-    // healthy and reachable again on its last good OSC: the change is tried once more under the same slot.
-    // A change that cuts the node off fails again, for good; a partition's failure passes and is cleared.
-    const retry: Current = { work: cur.work, phase: "applying", since: ctx.now, retryOf: cur.work.revision, ...(cur.gate ? { gate: cur.gate } : {}), ...(cur.pieces ? { pieces: cur.pieces } : {}) };
-    return { state: { ...s, current: retry }, action: { do: "apply", target: "work" } };
+    // healthy and reachable again on its last good OSC: the slot goes back, and the change is tried once
+    // more, admitted again (the node may be paused by now, or outside its windows: a retry under the old
+    // slot would wait there and time out untried). A change that cuts the node off fails again, for good;
+    // a partition's failure passes and is cleared.
+    return { state: { ...s, current: undefined, retry: { revision: cur.work.revision } }, action: { do: "released", passed: { ...cur.work, ...cur.rollbackTo } } };
   }
-  if (cur.rollbackTo || cur.phase === "failed") {
+  // Failed where it could not see itself, and nothing was rolled back: healthy on the work itself for the
+  // settle time is its gate passed late.
+  const passedLate = cur.phase === "failed" && !cur.rollbackTo && cur.retryable === true;
+  if ((cur.rollbackTo || cur.phase === "failed") && !passedLate) {
     // Healthy again on its last good OSC (or by itself): the slot goes back; the failed revision stays
     // blocked here and on the pool's record.
     const back = cur.rollbackTo ?? { checksum: cur.work.checksum, base: cur.work.base };
@@ -287,24 +315,33 @@ function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
     };
   }
   const lastGood = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { checksum: cur.work.checksum, base: cur.work.base, at: ctx.wallIso } : s.lastGood;
-  return { state: { ...s, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work, ...(cur.retryOf ? { clearFailure: cur.retryOf } : {}) } };
+  // The node's own failure on the record (a retry, a gate passed late, a fix after a failure) is proven as
+  // far as the node runs it now: one try, a change newer work replaced stays suspect.
+  const { recorded, ...kept } = s;
+  const { retry: _, ...retried } = kept;
+  const clearFailure = recorded && { revision: recorded, ...(cur.work.carries ? { proven: cur.work.carries } : {}) };
+  return { state: { ...(cur.retryOf ? retried : kept), current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work, ...(clearFailure ? { clearFailure } : {}) } };
 }
 
-function fail(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
+function fail(state: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {
   const check = cur.check ?? "not healthy within the health timeout";
+  // A retry that fails is final: nothing is tried again.
+  const { retry: _, ...rest } = state;
+  const s = cur.retryOf ? rest : state;
   if (cur.rollbackTo) return { state: { ...s, current: { ...cur, phase: "failed", check: `${check} (after rolling back)` } }, action: { do: "look" } };
   // Only an OSC change is the pool's to stop: a requested restart or drift repair that fails here is this node's.
-  const owed = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { recordOwed: true } : {};
+  const owed = cur.work.kind === "osc" || cur.work.kind === "in-place" ? { recordOwed: { revision: cur.work.revision, failure: check, changes: piecesOf(cur) } } : {};
   const back = s.lastGood;
+  // Failed where the node could not see itself (cut off, its Node Unknown, or down: the machine booted again
+  // during the gate): an OSC change gets a second chance (`pass`): tried once more after the rollback, or
+  // without a rollback judged again as it runs.
+  const unseen = cur.inconclusive || (cur.since !== undefined && cur.since.bootId !== ctx.now.bootId);
+  const retryable = unseen && !cur.retryOf && cur.work.kind === "osc" ? { retryable: true } : {};
   if (owed.recordOwed && ctx.policy.rollback && back && back.checksum !== cur.work.checksum) {
-    // Failed where the node could not see itself (cut off, its Node Unknown, or down: the machine booted
-    // again during the gate): an OSC change is tried once more after the rollback (`pass`).
-    const unseen = cur.inconclusive || (cur.since !== undefined && cur.since.bootId !== ctx.now.bootId);
-    const retryable = unseen && !cur.retryOf && cur.work.kind === "osc" ? { retryable: true } : {};
-    const rollingBack: Current = { ...cur, ...owed, ...retryable, phase: "rolling-back", check, failure: check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
+    const rollingBack: Current = { ...cur, ...owed, ...retryable, phase: "rolling-back", check, since: ctx.now, healthySince: undefined, rollbackTo: { checksum: back.checksum, base: back.base } };
     return { state: { ...s, current: rollingBack }, action: { do: "apply", target: "last-good" } };
   }
-  return { state: { ...s, current: { ...cur, ...owed, phase: "failed", check, failure: check } }, action: { do: "look" } };
+  return { state: { ...s, current: { ...cur, ...owed, ...retryable, phase: "failed", check } }, action: { do: "look" } };
 }
 
 function failureRecorded(s: NodeRollout): { state: NodeRollout; action: Action } {
@@ -313,7 +350,7 @@ function failureRecorded(s: NodeRollout): { state: NodeRollout; action: Action }
   const { recordOwed: _, ...rest } = cur;
   // What the node does next is unchanged (this step follows whatever event found the record reachable, and
   // its answer is this one's): the rollback goes on, or the gate's looks.
-  return { state: { ...s, current: rest }, action: cur.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "look" } };
+  return { state: { ...s, current: rest, recorded: cur.recordOwed.revision }, action: cur.phase === "rolling-back" ? { do: "apply", target: "last-good" } : { do: "look" } };
 }
 
 // Not the kind: the OSC controller offers an OSC it has applied as "drift" (its state says it is current), and

@@ -166,15 +166,40 @@ export function holderView(record: PoolRecord, tickets: ReadonlyMap<string, Tick
 export const dropCandidates = (record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): string[] => record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
 
 /**
- * Whether the record's failure stops work of `revision` that makes `changes`: the revision that failed, or a
- * later one that still carries every change the failed work made (Gardener renders a new revision for an
- * unrelated reason — a rotated token, another extension — and the bad part would go on to k more nodes with
- * each). A revision that changes any part of what failed (the fix, or a revert) goes on.
+ * Whether the record's failure stops work of `revision` that makes `changes`: the revision that failed, or
+ * work that would bring the node any change the failed admission made and no node has proven since. Which
+ * of its changes broke cannot be told apart, and Gardener renders new revisions for unrelated reasons (a
+ * rotated token, another extension), or "fixes" the wrong part: each would take the bad change to k more
+ * nodes (model holder-death seed 5192). A change the node runs already is no new disruption; one the node
+ * that failed has run healthy since (`provenFailure`) is no longer suspect.
  */
 export function stops(failed: Failure | undefined, revision: string, changes: readonly string[] | undefined): boolean {
   if (!failed) return false;
   if (failed.revision === revision) return true;
-  return changes !== undefined && (failed.changes ?? []).some((piece) => piece.length > 0 && piece.every((c) => changes.includes(c)));
+  const suspect = new Set((failed.changes ?? []).flat());
+  return changes !== undefined && changes.some((c) => suspect.has(c));
+}
+
+/**
+ * Whether the failure on the record stops what `t` asks for. Not for the node that failed: it ran every
+ * change of its failure already (a bad one disrupts no more machines for it), and it is where a fix that
+ * carries suspect changes proves them (or a retry of an inconclusive failure settles it).
+ */
+export function stopsRequest(failed: Failure | undefined, t: Ticket): boolean {
+  const r = t.request;
+  return r !== undefined && failed?.node !== t.node && stops(failed, r.revision, r.changes);
+}
+
+/**
+ * The failure once work passed its gate on the node that failed, which now runs `proven` (every file and
+ * unit it left): those changes are proven good and are no longer suspect; undefined once none is left. A
+ * change newer work replaced there stays suspect, and so does the failed revision while any does. Without
+ * `proven`, all of it goes.
+ */
+export function provenFailure(failed: Failure, proven?: readonly string[]): Failure | undefined {
+  if (!proven) return undefined;
+  const left = (failed.changes ?? []).map((piece) => piece.filter((c) => !proven.includes(c))).filter((piece) => piece.length > 0);
+  return left.length > 0 ? { ...failed, changes: left } : undefined;
 }
 
 /** A name of its own for a piece of work other than an OSC change (a requested restart): never a pool's to stop. */
@@ -190,10 +215,17 @@ const poolRevision = (revision: string) => !revision.includes("/");
  * handing the change to the next node, one machine replacement at a time. A new revision goes on as after
  * any failure.
  */
-export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, at: string, lastRequest: (node: string) => Request | undefined): PoolRecord {
-  const lost = record.holders.find((h) => !tickets.has(h.node) && poolRevision(h.revision) && h.revision !== record.failed?.revision);
+export function withLostHolders(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>, at: string, lastTicket: (node: string) => Ticket | undefined): PoolRecord {
+  // A holder whose ticket went before it showed the grant of its admission never heard of it, and changed
+  // nothing (the leader admitted it on a watch behind the ticket's deletion): it is dropped, not lost. The
+  // last state of a ticket is known from its deletion's watch event; unknown, the holder counts as told.
+  const told = (h: Holder) => {
+    const last = lastTicket(h.node);
+    return last === undefined || (last.grant?.at === h.since && last.grant.stopped === undefined);
+  };
+  const lost = record.holders.find((h) => !tickets.has(h.node) && poolRevision(h.revision) && h.revision !== record.failed?.revision && told(h));
   if (!lost) return record;
-  const asked = lastRequest(lost.node);
+  const asked = lastTicket(lost.node)?.request;
   const changes = lost.changes ?? (asked?.revision === lost.revision && asked.changes ? [asked.changes] : undefined);
   const failure = "its ticket went while it held a slot (its Node was deleted, or an operator deleted the ticket): the change never passed its gate there";
   return { ...record, failed: { revision: lost.revision, node: lost.node, failure, at, ...(changes ? { changes } : {}) } };
@@ -213,21 +245,22 @@ export function decide(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>,
   const free = k - (record.holders.length - drop.length);
   if (free <= 0) return { admit: [], drop };
   const waiting = [...tickets.values()]
-    .filter((t) => t.request && !holding.has(t.node) && !stops(record.failed, t.request.revision, t.request.changes))
+    .filter((t) => t.request && !holding.has(t.node) && !stopsRequest(record.failed, t))
     .sort((a, b) => compareText(a.request?.since ?? "", b.request?.since ?? "") || compareText(a.node, b.node));
   return { admit: waiting.slice(0, free), drop };
 }
 
 /**
  * Holders whose ticket asks for another revision than the record holds them for, moved on to it under the
- * slot they hold: the leader admitted a request the node had replaced meanwhile (its view of the ticket was
- * behind), and the node waits for a grant of what it asks now, which no admission gives a holder; or the
- * node applied newer work under its slot. Never on to a revision that failed: that is admitted nowhere.
+ * slot they hold: the node asks for newer work under its slot (only the leader moves a holder: it alone
+ * counts the pool as it is), or the leader admitted a request the node had replaced meanwhile (its view of
+ * the ticket was behind). Never on to a revision that stops for the node: that is admitted nowhere.
  */
 export function movesOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Holder[] {
   return record.holders.flatMap((h) => {
-    const asked = tickets.get(h.node)?.request;
-    if (asked === undefined || asked.revision === h.revision || stops(record.failed, asked.revision, asked.changes)) return [];
+    const t = tickets.get(h.node);
+    const asked = t?.request;
+    if (!t || asked === undefined || asked.revision === h.revision || stopsRequest(record.failed, t)) return [];
     const changes = [...(h.changes ?? []), ...(asked.changes ? [asked.changes] : [])];
     return [{ ...h, revision: asked.revision, ...(changes.length > 0 ? { changes } : {}) }];
   });
@@ -266,7 +299,7 @@ export function withoutHolders(record: PoolRecord, nodes: readonly string[]): Po
 export function stopsOwed(record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): Ticket[] {
   const failed = record.failed;
   if (!failed) return [];
-  return [...tickets.values()].filter((t) => t.request && stops(failed, t.request.revision, t.request.changes) && t.grant?.revision !== t.request.revision && !record.holders.some((h) => h.node === t.node));
+  return [...tickets.values()].filter((t) => stopsRequest(failed, t) && t.grant?.revision !== t.request?.revision && !record.holders.some((h) => h.node === t.node));
 }
 
 /** Whether `ticket` may go on with what it asked for (granted, and not told that it failed elsewhere). */

@@ -140,7 +140,7 @@ describe("an agent writes what trellis writes to its own objects", () => {
     await gate.release();
   });
 
-  test("its pool's rollout Leases: its ticket asked and given back, the leader's Lease taken and resigned, grants on its own and B's ticket, the record and a shard of it written, moved on and failed", async () => {
+  test("its pool's rollout Leases: its ticket asked and given back, the leader's Lease taken and resigned, grants on its own and B's ticket, the record and a shard of it written, moved on by the leader, failed", async () => {
     // B waits in A's pool: A, leading, writes the grant on B's ticket.
     const [pa, pb] = [await poolNode(a, pool.a), await poolNode(b, pool.a)];
     const since = new Date().toISOString();
@@ -157,7 +157,12 @@ describe("an agent writes what trellis writes to its own objects", () => {
       expect((await pa.member.holding())?.revision).toBe("r1");
       expect((await pb.member.holding())?.revision).toBe("r1");
       expect(await pa.api.get(`${pool.a}-slots-1`)).toBeDefined();
-      for (const p of [pa, pb]) expect(await p.member.moveOn("r2", new Date().toISOString())).toEqual({ ok: true });
+      // Newer work under their slots: each asks for it, and the leader moves them on and grants it.
+      for (const p of [pa, pb]) await p.member.request({ revision: "r2", reason: "osc", since: new Date().toISOString() });
+      for (const p of [pa, pb]) {
+        await waitFor(`${p.ref.node.name} moved on`, async () => readTicket((await p.api.get(p.member.ticketName)) ?? {}, p.member.ticketName)?.grant?.revision === "r2", 10_000);
+        expect((await p.member.holding())?.revision).toBe("r2");
+      }
       await pa.member.recordFailure({ revision: "r2", node: a.name, failure: "health gate failed", at: new Date().toISOString() });
       for (const p of [pb, pa]) await p.member.release();
       leader.campaign(false);

@@ -4,7 +4,7 @@
 // holders give their slots back; the leader's Lease taken over when its holder dies (judged on the
 // waiter's own clock); a holder that stops answering keeps its slot however long, until the garbage
 // collector deletes its ticket with its Node, which stops its revision as failed; a revision that failed is admitted nowhere and its waiters
-// are told; a holder moves on to new work only while the holders of every shard are within k; a waiting node
+// are told; the leader moves a holder on to new work only while the holders of every shard are within k; a waiting node
 // costs the API server nothing while it waits (no list, no poll).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, type V1Lease, Watch } from "@kubernetes/client-node";
@@ -13,7 +13,7 @@ import { leaseApi } from "../../src/kube/lease-api.ts";
 import { type PoolLeader, startPoolLeader } from "../../src/kube/pool-leader.ts";
 import { type PoolMember, poolMember, readTicket } from "../../src/kube/pool-leases.ts";
 import { createLogger } from "../../src/log.ts";
-import { admitted, decodePool, slotsLeaseName, type Ticket } from "../../src/rollout/pool.ts";
+import { admitted, decodePool, shardLeaseName, slotsLeaseName, type Ticket } from "../../src/rollout/pool.ts";
 import type { Budget } from "../../src/api/rollout.ts";
 import { monotonicMs } from "../../src/time.ts";
 import { registerNode } from "../harness/agent.ts";
@@ -121,7 +121,7 @@ describe("the pool protocol on real Leases", () => {
     // Its change never passed its gate (a change that kills machines looks like this): r1 goes nowhere else.
     const tb = await waitFor("b told that r1 stopped", async () => ((await b.ticket())?.grant?.stopped ? b.ticket() : undefined), 60_000, 200);
     expect(tb?.grant?.stopped).toContain("its ticket went while it held a slot");
-    expect(await b.member.stopped("r1")).toMatchObject({ node: dead.name });
+    expect(await b.member.failure()).toMatchObject({ revision: "r1", node: dead.name });
     await waitFor("c admitted for another revision", async () => ((await granted(c)) ? true : undefined), 30_000, 200);
     expect(await granted(b)).toBe(false);
     expect(p.maxHolders()).toBe(1);
@@ -142,27 +142,43 @@ describe("the pool protocol on real Leases", () => {
     const tb = await waitFor("b told", async () => ((await b.ticket())?.grant?.stopped ? b.ticket() : undefined), 30_000, 100);
     expect(tb?.grant?.stopped).toContain("Node Ready: False");
     expect(admitted(tb)).toBe(false);
-    expect(await b.member.stopped("bad")).toMatchObject({ node: a.name });
+    expect(await b.member.failure()).toMatchObject({ revision: "bad", node: a.name });
     await p.stop();
   }, 120_000);
 
-  test("k lowered under holders in two shards: no holder moves on to new work until they are within k again", async () => {
+  test("k lowered under holders in two shards: the leader moves no holder on to new work until they are within k again", async () => {
     let budget: Budget = { text: "3", count: 3 };
     const p = await pool(() => budget, 3, 3_000, 2);
+    // Every version of both shards, in etcd's order (resourceVersions are global).
+    const history: { rv: number; shard: number; holders: string[] }[] = [];
+    const watches = await Promise.all(
+      [0, 1].map((shard) =>
+        new Watch(cluster.admin()).watch(`/apis/coordination.k8s.io/v1/namespaces/${namespace}/leases`, { fieldSelector: `metadata.name=${shardLeaseName(p.name, shard)}` }, (_t: string, l: V1Lease) => {
+          const r = decodePool(l.metadata?.annotations, "record");
+          if (r.ok) history.push({ rv: Number(l.metadata?.resourceVersion), shard, holders: r.value.holders.map((h) => `${h.node}@${h.revision}`) });
+        }, () => {}),
+      ),
+    );
     for (const [i, a] of p.agents.entries()) await ask(a, "r1", `2026-01-01T00:00:0${i}Z`);
     for (const a of p.agents) await waitFor(`${a.name} admitted`, async () => ((await granted(a)) ? true : undefined), 30_000, 100);
     const [a, b, c] = p.agents as [Agent, Agent, Agent];
     expect((await c.ticket())?.grant?.shard).toBe(1);
     budget = { text: "2", count: 2 };
-    // Shard 0 holds two, its full share of k = 2: only the holder in shard 1 shows that three hold slots.
-    for (const x of [a, b, c]) expect(await x.member.moveOn("r2", new Date().toISOString(), budget)).toEqual({ ok: false, overBudget: true });
+    // New work on every holder, asked for on its ticket. Shard 0 holds two, its full share of k = 2: only the
+    // holder in shard 1 shows that three hold slots.
+    for (const x of [a, b, c]) await x.member.request({ revision: "r2", reason: "osc", since: new Date().toISOString() });
     c.leader.campaign(false);
     await c.member.release();
-    // Within k again: a moves on, then asks for the new work (as the agent does), and the leader grants it.
-    expect(await a.member.moveOn("r2", new Date().toISOString(), budget)).toEqual({ ok: true });
-    await a.member.request({ revision: "r2", reason: "osc", since: new Date().toISOString() });
-    await waitFor("a granted r2", async () => ((await a.ticket())?.grant?.revision === "r2" ? true : undefined), 30_000, 100);
-    expect((await a.member.holding())?.revision).toBe("r2");
+    for (const x of [a, b]) await waitFor(`${x.name} moved on`, async () => ((await x.ticket())?.grant?.revision === "r2" ? true : undefined), 30_000, 100);
+    for (const w of watches) w.abort();
+    // Replayed in order: no holder of shard 0 moved on while c still held its slot in shard 1.
+    const latest = new Map<number, string[]>();
+    for (const v of history.sort((x, y) => x.rv - y.rv)) {
+      latest.set(v.shard, v.holders);
+      const all = [...latest.values()].flat();
+      if (all.some((h) => h.startsWith(`${c.name}@`))) expect(all.filter((h) => h.endsWith("@r2"))).toEqual([]);
+    }
+    expect(latest.get(0)?.sort()).toEqual([`${a.name}@r2`, `${b.name}@r2`]);
     await p.stop();
   }, 120_000);
 });

@@ -28,7 +28,10 @@ export class Machine {
   /** When the node-lifecycle controller last saw a heartbeat (monotonic). */
   heartbeatSeenAt = 0;
   contentChangedAt = 0;
-  /** It ran a good OSC at some time (so had something to roll back to). */
+  /**
+   * It has a good OSC to roll back to: it settled on one (healthy on it for the settle time after a
+   * disruption: its gate), or its first OSC was good (a fresh node's first apply is its rollback target).
+   */
   ranGood = false;
   /** The Secret as its agent last received it, and who listens for the next one. */
   seen: Revision | undefined;

@@ -241,10 +241,12 @@ function startNewAgent(env: AgentEnv): void {
     const disruption = { units: env.host.restarts(content).filter((u) => countsAsDisruptive(u, patterns)), paths: [] };
     // changesOf (plan/disruption.ts): one digest per unit or file written, the same on every node for the same change.
     const changes = changedEntries(content);
+    // carriesOf (plan/disruption.ts): every unit and file version the node is left with.
+    const carries = [...Object.entries(content.units), ...Object.entries(content.files)].map(([k, v]) => `${k}@${v}`);
     // osc/rollout.ts admit: a no-op re-check asks nothing of the rollout, unless an OSC's work is under way there.
     const current = (await rollout.state()).current;
     if (planSteps(content) === 0 && (!current || current.work.kind === "restart")) return { admitted: false };
-    const decision = await rollout.offer({ ...w, disruption, ...(changes.length > 0 ? { changes } : {}) });
+    const decision = await rollout.offer({ ...w, disruption, carries, ...(changes.length > 0 ? { changes } : {}) });
     noteDecision(w, decision);
     if (decision.do === "apply") return decision.target === "last-good" ? { wait: await rollBack(w.checksum) } : { admitted: true };
     return { wait: decision.do === "hold" ? { atMs: now() + decision.retryAfterMs, why: decision.reason } : periodic() };

@@ -61,6 +61,8 @@ export class Truth {
       traceLines: number;
       /** A few words on a machine's state for a violation's message (dead, clock skew, ...). */
       about: (machine: string) => string;
+      /** A machine's disruption ended: it stayed healthy for the settle time. */
+      settled: (machine: string) => void;
     },
   ) {}
 
@@ -131,6 +133,7 @@ export class Truth {
       if (d.healthySince !== undefined && now - d.healthySince >= d.settleMs) {
         this.disruptions.delete(machine);
         this.o.trace.add(`TRUTH ${machine} no longer disrupted (healthy for ${d.settleMs / 1000}s)`);
+        this.o.settled(machine);
       }
     }
   }

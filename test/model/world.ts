@@ -93,7 +93,18 @@ export class World {
     readonly codeRandom: () => number,
   ) {
     this.api = new MemoryApi(this.store, this.clock, { requestTimeoutMs: 30_000, random: codeRandom });
-    this.truth = new Truth({ now: () => this.clock.mono, step: () => this.step, trace: this.trace, kGraceMs: config.kGraceMs, traceLines: config.traceLines, about: (m) => this.about(m) });
+    this.truth = new Truth({
+      now: () => this.clock.mono,
+      step: () => this.step,
+      trace: this.trace,
+      kGraceMs: config.kGraceMs,
+      traceLines: config.traceLines,
+      about: (m) => this.about(m),
+      settled: (name) => {
+        const m = this.machines.get(name);
+        if (m?.alive && this.breakages.good(m.running)) m.ranGood = true;
+      },
+    });
     this.store.subscribe((c) => {
       if (c.resource === "nodes") return this.nodeChanged(c.object, c.old);
       if (c.resource !== "leases") return;
@@ -309,7 +320,7 @@ export class World {
     const restarted = restartsOf(before, desired);
     const started = Object.keys(desired.units).filter((u) => before?.units[u] !== desired.units[u]);
     m.running = desired;
-    m.ranGood ||= this.breakages.good(desired);
+    if (before === undefined) m.ranGood ||= this.breakages.good(desired);
     m.lastApplied = checksum;
     m.contentChangedAt = this.clock.mono;
     for (const u of started) m.unitSince.set(u, { wall: this.clock.wall(m.name), sinceBoot: this.clock.mono - m.bootedAt });

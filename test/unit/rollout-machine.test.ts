@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { BootClockReading } from "../../src/host/boot-clock.ts";
 import { type Action, type Ctx, emptyNodeRollout, type Event, type NodeRollout, step, type Work } from "../../src/rollout/machine.ts";
-import { admitted, budgetSlots, decide, decodePool, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, stops, stopsOwed, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
+import { admitted, budgetSlots, decide, decodePool, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, dropCandidates, holderView, encodePool, grantsOwed, movesOwed, type PoolRecord, provenFailure, stops, stopsOwed, stopsRequest, type Ticket, withHolder, withLostHolders, workRevision } from "../../src/rollout/pool.ts";
 
 const policy = { pooled: true, settleMs: 60_000, healthTimeoutMs: 300_000, rollback: true, probeTimeoutMs: 10_000 };
 const at = (s: number, bootId = "b1"): BootClockReading => ({ bootId, uptimeMs: s * 1000, wallMs: 1_700_000_000_000 + s * 1000 });
@@ -118,7 +118,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
       [301, { type: "applied", complete: false, error: "containerd.service: failed" }],
     ]);
     expect(r.actions.map((a) => a.do)).toEqual(["apply", "apply", "look"]);
-    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: true, check: "apply: containerd.service: failed" });
+    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: { revision: "r1" }, check: "apply: containerd.service: failed" });
   });
 
   test("item 2b: an interrupted apply is retried under its admission and gated; it is the last good OSC only after the gate", () => {
@@ -145,7 +145,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
       [100, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
       [302, { type: "look", healthy: false, check: "unit kubelet.service: restarting after a failure (auto-restart)" }],
     ]);
-    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: true, work: { revision: "r1" } });
+    expect(r.state.current).toMatchObject({ phase: "failed", recordOwed: { revision: "r1" }, work: { revision: "r1" } });
   });
 
   test("item 3: a non-disruptive OSC pushed during the settle time is applied under the slot, and the gate then passes", () => {
@@ -180,7 +180,7 @@ describe("the gate (issue 19 items 2, 3, 8)", () => {
     expect(r.action).toEqual({ do: "look" });
     expect(r.state).toBe(gating);
     const failed = run(gating, [[310, { type: "look", healthy: false, check: "kubelet" }]]);
-    expect(failed.state.current).toMatchObject({ phase: "failed", recordOwed: true, check: "kubelet" });
+    expect(failed.state.current).toMatchObject({ phase: "failed", recordOwed: { revision: "r1" }, check: "kubelet" });
   });
 
   test("a disruptive change pushed during the gate is applied under the same slot, its units added to the gate", () => {
@@ -220,9 +220,9 @@ describe("failure and rollback", () => {
       [500, { type: "look", healthy: true }],
     ]);
     expect(cutOff.actions.map((a) => a.do)).toEqual(["apply", "look", "look", "look", "look"]);
-    expect(cutOff.state.current).toMatchObject({ phase: "gating", recordOwed: true, rollbackTo: { checksum: "c-r0" } });
+    expect(cutOff.state.current).toMatchObject({ phase: "gating", recordOwed: { revision: "r1" }, rollbackTo: { checksum: "c-r0" } });
     // Work pushed meanwhile keeps the debt: the failed change happened whatever comes after it.
-    expect(step(cutOff.state, { type: "want", work: work({ revision: "r2" }) }, ctx(501)).state.current?.recordOwed).toBe(true);
+    expect(step(cutOff.state, { type: "want", work: work({ revision: "r2" }) }, ctx(501)).state.current?.recordOwed).toMatchObject({ revision: "r1" });
     const back = run(cutOff.state, [
       [502, { type: "failure-recorded" }],
       [503, { type: "look", healthy: true }],
@@ -231,7 +231,7 @@ describe("failure and rollback", () => {
     expect(back.state.blocked?.revision).toBe("r1");
   });
 
-  test("a failure the node could not see (cut off, its Node Unknown) is tried once more after the rollback: a pass clears it on the pool, a second failure is final", () => {
+  test("a failure the node could not see (cut off, its Node Unknown) is tried once more after the rollback, admitted again: a pass clears it on the pool, a second failure is final", () => {
     const rolledBack = run(gating(), [
       [301, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable", inconclusive: true }],
       [302, { type: "failure-recorded" }],
@@ -239,18 +239,24 @@ describe("failure and rollback", () => {
       [311, { type: "look", healthy: true }],
       [371, { type: "look", healthy: true }],
     ]);
-    // Healthy and reachable again on its last good OSC: the change again, under the same slot.
-    expect(rolledBack.actions.at(-1)).toEqual({ do: "apply", target: "work" });
-    expect(rolledBack.state.current).toMatchObject({ phase: "applying", retryOf: "r1", work: { revision: "r1" } });
-    expect(rolledBack.state.current?.rollbackTo).toBeUndefined();
-    const passed = run(rolledBack.state, [
+    // Healthy and reachable again on its last good OSC: the slot goes back, and the change is asked for again.
+    expect(rolledBack.actions.at(-1)).toMatchObject({ do: "released", passed: { checksum: "c-r0" } });
+    expect(rolledBack.state.current).toBeUndefined();
+    expect(rolledBack.state.retry).toEqual({ revision: "r1" });
+    expect(rolledBack.state.blocked).toBeUndefined();
+    const asked = run(rolledBack.state, [[372, { type: "want", work: work({ revision: "r1" }) }]]);
+    expect(asked.state.current).toMatchObject({ phase: "waiting", retryOf: "r1" });
+    const passed = run(asked.state, [
+      [379, { type: "granted", revision: "r1" }],
       [380, { type: "applied", complete: true }],
       [381, { type: "look", healthy: true }],
       [441, { type: "look", healthy: true }],
     ]);
-    expect(passed.actions.at(-1)).toMatchObject({ do: "released", clearFailure: "r1" });
+    expect(passed.actions.at(-1)).toMatchObject({ do: "released", clearFailure: { revision: "r1" } });
     expect(passed.state.lastGood?.checksum).toBe("c-r1");
-    const again = run(rolledBack.state, [
+    expect(passed.state.retry).toBeUndefined();
+    const again = run(asked.state, [
+      [379, { type: "granted", revision: "r1" }],
       [380, { type: "applied", complete: true }],
       [700, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable", inconclusive: true }],
       [701, { type: "failure-recorded" }],
@@ -261,6 +267,7 @@ describe("failure and rollback", () => {
     expect(again.actions.at(-1)).toMatchObject({ do: "released" });
     expect(again.actions.at(-1)).not.toHaveProperty("clearFailure");
     expect(again.state.blocked?.revision).toBe("r1");
+    expect(again.state.retry).toBeUndefined();
     // A failure the node saw (a unit failed) is final at once.
     const seen = run(gating(), [
       [301, { type: "look", healthy: false, check: "unit kubelet.service: failed" }],
@@ -271,6 +278,48 @@ describe("failure and rollback", () => {
     ]);
     expect(seen.actions.at(-1)).toMatchObject({ do: "released" });
     expect(seen.state.blocked?.revision).toBe("r1");
+    expect(seen.state.retry).toBeUndefined();
+  });
+
+  test("a retry waits while the node is paused, without a slot and without a timeout, and newer work is the retry (model crash-partition seed 5040: the retry timed out untried under its old slot, and a good change stopped for ever)", () => {
+    const holdBack = { reason: "Paused" as const, message: "paused", retryAfterMs: 60_000 };
+    const pending: NodeRollout = { ...emptyNodeRollout(), lastGood: { checksum: "c-r0", base: "b-r0", at: "t" }, retry: { revision: "r1" }, recorded: "r1" };
+    const paused = run(pending, [[400, { type: "want", work: work({ revision: "r2" }), holdBack }], [4000, { type: "want", work: work({ revision: "r2" }), holdBack }]]);
+    expect(paused.actions.map((a) => a.do)).toEqual(["hold", "hold"]);
+    expect(paused.state.current).toBeUndefined();
+    expect(paused.state.retry).toEqual({ revision: "r1" });
+    const resumed = run(paused.state, [
+      [4001, { type: "want", work: work({ revision: "r2" }) }],
+      [4002, { type: "granted", revision: "r2" }],
+      [4003, { type: "applied", complete: true }],
+      [4004, { type: "look", healthy: true }],
+      [4064, { type: "look", healthy: true }],
+    ]);
+    expect(resumed.actions.at(-1)).toMatchObject({ do: "released", clearFailure: { revision: "r1" }, passed: { revision: "r2" } });
+    expect(resumed.state.retry).toBeUndefined();
+    expect(resumed.state.recorded).toBeUndefined();
+  });
+
+  test("without rollback, a failure the node could not see is judged on: healthy on the change for the settle time passes it late and clears it; newer work under the slot that passes proves what it runs (model crash-partition seeds 5012, 5063)", () => {
+    const noRollback = { ...policy, rollback: false };
+    const failed = run(gating(), [[301, { type: "look", healthy: false, check: "the Node as the API server has it: unreachable", inconclusive: true }], [302, { type: "failure-recorded" }]], noRollback);
+    expect(failed.state.current).toMatchObject({ phase: "failed", retryable: true });
+    const late = run(failed.state, [[310, { type: "look", healthy: true }], [370, { type: "look", healthy: true }]], noRollback);
+    expect(late.actions.at(-1)).toMatchObject({ do: "released", clearFailure: { revision: "r1" } });
+    expect(late.state.lastGood?.checksum).toBe("c-r1");
+    const newer = run(failed.state, [[303, { type: "want", work: work({ revision: "r2", carries: ["k@2"] }) }], [304, { type: "applied", complete: true }], [305, { type: "look", healthy: true }], [365, { type: "look", healthy: true }]], noRollback);
+    expect(newer.actions.at(-1)).toMatchObject({ do: "released", passed: { revision: "r2" }, clearFailure: { revision: "r1", proven: ["k@2"] } });
+    // A failure the node saw stays final without rollback too.
+    const seen = run(gating(), [[301, { type: "look", healthy: false, check: "unit kubelet.service: failed" }], [302, { type: "failure-recorded" }], [310, { type: "look", healthy: true }], [370, { type: "look", healthy: true }]], noRollback);
+    expect(seen.actions.at(-1)).not.toHaveProperty("clearFailure");
+    expect(seen.state.blocked?.revision).toBe("r1");
+  });
+
+  test("item 8: a failure recorded late names the work that failed, not newer work applied under the slot meanwhile (model crash-partition seed 5025: a good change stopped)", () => {
+    const owed = run(gating(), [[301, { type: "look", healthy: false, check: "unit kubelet.service: failed" }], [302, { type: "applied", complete: true }]]);
+    expect(owed.state.current?.recordOwed).toEqual({ revision: "r1", failure: "unit kubelet.service: failed", changes: [] });
+    const fixed = step(owed.state, { type: "want", work: work({ revision: "r2", changes: ["x"] }) }, ctx(303)).state;
+    expect(fixed.current).toMatchObject({ work: { revision: "r2" }, recordOwed: { revision: "r1" } });
   });
 
   test("a gate admitted under the Secret's settings keeps them (an agent restarted without the Secret judges by them)", () => {
@@ -359,23 +408,41 @@ describe("the pool's decisions", () => {
     expect(withLostHolders(rec, read, "now", () => undefined).failed).toMatchObject({ revision: "r1", node: "b" });
   });
 
-  test("a failure stops a later revision that still carries every change of one piece of the failed work; a fix (any part of each piece changed) goes on", () => {
+  test("a failure stops the revision that failed and any work that would bring a node one of its changes no node proved since; the node that failed is where they are proven", () => {
     // The failed admission applied two pieces: app v1, then (pushed during its gate) kubelet v2.
     const failed = { revision: "r1", node: "a", failure: "x", at: "t", changes: [["app@v1"], ["kubelet@v2", "conf@f1"]] };
     const rec: PoolRecord = { holders: [], failed };
     expect(stops(failed, "r1", undefined)).toBe(true);
     expect(stops(failed, "r2", ["app@v1", "conf@f7"])).toBe(true);
-    expect(stops(failed, "r3", ["app@v2", "kubelet@v2", "conf@f7"])).toBe(false);
-    expect(stops(failed, "r4", ["app@v2", "kubelet@v2", "conf@f1"])).toBe(true);
+    // A "fix" that changes one part but brings another (model holder-death seed 5192: the part it kept was
+    // the bad one, and it reached a third node with k = 2), and a node that runs part of a piece already
+    // and would get the rest (holder-death seed 5058).
+    expect(stops(failed, "r3", ["app@v2", "kubelet@v2", "conf@f7"])).toBe(true);
+    expect(stops(failed, "r5", ["conf@f1", "app@v2"])).toBe(true);
+    // Nothing suspect: the change is gone from the revision, or the node runs it already.
+    expect(stops(failed, "r6", ["app@v2", "kubelet@v3", "conf@f7"])).toBe(false);
     expect(stops({ ...failed, changes: [[]] }, "r2", ["app@v1"])).toBe(false);
+    // The node that failed is not stopped by its own failure (it ran all of it): a fix proves itself there.
+    expect(stopsRequest(failed, { node: "a", request: { revision: "r3", reason: "osc", since: "t", changes: ["app@v2", "kubelet@v2"] } })).toBe(false);
+    expect(stopsRequest(failed, { node: "b", request: { revision: "r3", reason: "osc", since: "t", changes: ["app@v2", "kubelet@v2"] } })).toBe(true);
+    // Once the fix passed there, what it runs is proven: kubelet v2 and the conf no longer stop anything.
+    const proven = provenFailure(failed, ["app@v2", "kubelet@v2", "conf@f1"]);
+    expect(proven?.changes).toEqual([["app@v1"]]);
+    expect(stops(proven, "r3", ["app@v2", "kubelet@v2", "conf@f7"])).toBe(false);
     const carrying: Ticket = { node: "b", request: { revision: "r2", reason: "osc", since: "t", changes: ["app@v1", "conf@f7"] } };
     const fix: Ticket = { node: "c", request: { revision: "r3", reason: "osc", since: "t", changes: ["app@v2"] } };
     expect(decide(rec, tickets(carrying, fix), 2).admit).toEqual([fix]);
     expect(stopsOwed(rec, tickets(carrying, fix))).toEqual([carrying]);
     // A holder lost in its gate stops what it held its slot for (its entry's pieces), else what its ticket last asked.
-    const asked = () => ({ revision: "r4", reason: "osc", since: "t", changes: ["kubelet@v9"] });
+    const asked = (): Ticket => ({ node: "d", request: { revision: "r4", reason: "osc", since: "t", changes: ["kubelet@v9"] }, grant: { revision: "r4", at: "t" } });
     expect(withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t" }] }, tickets(), "now", asked).failed?.changes).toEqual([["kubelet@v9"]]);
     expect(withLostHolders({ holders: [{ node: "d", revision: "r4", since: "t", changes: [["app@v1"], ["kubelet@v9"]] }] }, tickets(), "now", asked).failed?.changes).toEqual([["app@v1"], ["kubelet@v9"]]);
+    // A holder whose ticket went before it showed the grant of its admission never heard of it (the leader
+    // admitted it on a watch behind the deletion): dropped, not lost (model holder-death seed 6307).
+    const untold = (): Ticket => ({ node: "d", request: { revision: "r4", reason: "osc", since: "t0" } });
+    const admittedLate: PoolRecord = { holders: [{ node: "d", revision: "r4", since: "t" }] };
+    expect(withLostHolders(admittedLate, tickets(), "now", untold)).toBe(admittedLate);
+    expect(decide(admittedLate, tickets(), 1).drop).toEqual(["d"]);
     // A move under the slot adds its piece.
     const moved = movesOwed({ holders: [{ node: "e", revision: "r1", since: "t", changes: [["app@v1"]] }] }, tickets({ node: "e", request: { revision: "r5", reason: "osc", since: "t", changes: ["kubelet@v2"] } }));
     expect(moved[0]?.changes).toEqual([["app@v1"], ["kubelet@v2"]]);
@@ -410,6 +477,22 @@ describe("the pool's decisions", () => {
     const ts = tickets(t("a", "r1"), t("b", "r1"), t("c", "r2"));
     expect(decide(rec, ts, 3).admit.map((x) => x.node)).toEqual(["c"]);
     expect(stopsOwed(rec, ts).map((x) => x.node)).toEqual(["b"]);
+  });
+
+  test("the node that failed is admitted although its failure stops the revision for every other node (a retry, or a fix that carries suspect changes)", () => {
+    // r2 carries the change that failed (with r1) on a.
+    const failedPieces: PoolRecord = { holders: [], failed: { revision: "r1", node: "a", failure: "x", at: "t", changes: [["k@1"]] } };
+    const asks = (node: string): Ticket => ({ node, request: { revision: "r2", reason: "osc", since: "t", changes: ["k@1"] } });
+    const ts = tickets(asks("a"), asks("b"), t("c", "r1"));
+    expect(decide(failedPieces, ts, 3).admit.map((x) => x.node)).toEqual(["a"]);
+    expect(stopsOwed(failedPieces, ts).map((x) => x.node)).toEqual(["b", "c"]);
+  });
+
+  test("work that passed on the node that failed proves what of the failure it runs now: those changes leave the record, one newer work replaced stays (model crash-partition seed 5063)", () => {
+    const failed = { revision: "r1", node: "a", failure: "x", at: "t", changes: [["kubelet@v1"], ["containerd@v2", "app@v1"]] };
+    expect(provenFailure(failed, ["kubelet@v1", "containerd@v4", "app@v1"])).toEqual({ ...failed, changes: [["containerd@v2"]] });
+    expect(provenFailure(failed, ["kubelet@v1", "containerd@v2", "app@v1"])).toBeUndefined();
+    expect(provenFailure(failed)).toBeUndefined();
   });
 
   test("a holder whose ticket asks for another revision (admitted on a request it had replaced) moves on to it and is granted it; never on to a failed one", () => {

@@ -5,7 +5,8 @@ import { parseRolloutSettings, rolloutKeys } from "../../src/api/rollout.ts";
 import { budgetSlots } from "../../src/rollout/pool.ts";
 import { matches, parseSelector } from "../../src/api/selector.ts";
 import { inWindow, nextOpening, openWindow, parseWindows, type Window } from "../../src/api/windows.ts";
-import { changesOf, disruptedUnits, disruptionOf } from "../../src/plan/disruption.ts";
+import { carriesOf, changesOf, disruptedUnits, disruptionOf } from "../../src/plan/disruption.ts";
+import type { Desired } from "../../src/api/desired.ts";
 import type { Plan } from "../../src/api/plan.ts";
 import { prng } from "../harness/prng.ts";
 
@@ -215,5 +216,18 @@ describe("disruptive plans", () => {
     expect(withMore).toContain(alone[0] as string);
     expect(changesOf(plan([{ ...bad, sha256: "fixed" }]))).not.toContain(alone[0] as string);
     expect(changesOf(plan([{ kind: "remove", target: { type: "file" }, path: "/etc/kubelet.conf", reason: "r" }]))).not.toContain(alone[0] as string);
+  });
+  test("what the node is left with: every file, unit and drop-in of the desired state, digested as its write is", () => {
+    const desired: Desired = {
+      files: [{ path: "/etc/kubelet.conf", mode: 0o600, content: new Uint8Array(), sha256: "bad", origin: "o" }],
+      units: [{ name: "kubelet.service", content: "", sha256: "u1", enable: true, dropIns: [{ name: "10-x.conf", content: "", sha256: "d1" }], filePaths: [] }],
+      unsupported: [],
+      keep: [],
+    };
+    const carried = carriesOf(desired);
+    expect(carried).toHaveLength(3);
+    expect(carried).toContain(changesOf(plan([{ ...write, path: "/etc/kubelet.conf", sha256: "bad" }]))[0] as string);
+    expect(carried).toContain(changesOf(plan([{ ...write, target: { type: "unit", unit: "kubelet.service" }, path: "/etc/systemd/system/kubelet.service", sha256: "u1" }]))[0] as string);
+    expect(carried).toContain(changesOf(plan([{ ...write, target: { type: "drop-in", unit: "kubelet.service", name: "10-x.conf" }, path: "/etc/systemd/system/kubelet.service.d/10-x.conf", sha256: "d1" }]))[0] as string);
   });
 });

@@ -22,6 +22,7 @@ import { checkSelfUpdate } from "../../apply/self-update.ts";
 import { isSerialRollout, type SerialGate } from "../../kube/serial-gate.ts";
 import { describeError } from "../../log.ts";
 import { every } from "../../loops.ts";
+import { carriesOf } from "../../plan/disruption.ts";
 import { hasInPlaceChanges } from "../../plan/in-place.ts";
 import { describeStep } from "../../plan/render.ts";
 import { noted, type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
@@ -180,7 +181,7 @@ async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait:
   let admitted = false;
   if (gates.admit) {
     const kind = inPlaceUpdate ? "in-place" : gates.kind === "current" ? "drift" : "osc";
-    const admission = await admit(ctx, { checksum, base: r.base, revision: r.layered.revision, kind }, toWeigh(planned?.plan, r.state.progress, checksum), r.settings);
+    const admission = await admit(ctx, { checksum, base: r.base, revision: r.layered.revision, kind, carries: carriesOf(r.desired) }, toWeigh(planned?.plan, r.state.progress, checksum), r.settings);
     if ("wait" in admission) return admission;
     admitted = admission.admitted;
   }

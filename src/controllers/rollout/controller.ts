@@ -21,8 +21,8 @@ import { type PoolMember, poolMember, readTicket } from "../../kube/pool-leases.
 import { describeError } from "../../log.ts";
 import { every, later, type Loop, serializer } from "../../loops.ts";
 import { holdBack } from "../../rollout/hold-back.ts";
-import { type Action, type Ctx, emptyNodeRollout, piecesOf, type Event, type Gate, type GatePolicy, type HoldBack, type NodeRollout, step, type Work } from "../../rollout/machine.ts";
-import { admitted, type Ticket } from "../../rollout/pool.ts";
+import { type Action, type Ctx, emptyNodeRollout, type Event, type Gate, type GatePolicy, type HoldBack, type NodeRollout, type OwedFailure, step, type Work } from "../../rollout/machine.ts";
+import { admitted, stopsRequest, type Ticket } from "../../rollout/pool.ts";
 import { monotonicMs } from "../../time.ts";
 import { checkHealth, type GateVerdict } from "../health-gate.ts";
 import type { OscWorkDeps } from "../types.ts";
@@ -198,21 +198,32 @@ export function startRollout(deps: RolloutDeps): Rollout {
       if (lost) return lost;
       m.shown = shown;
     }
-    if (cur?.recordOwed) recordFailure(m.member, cur);
+    if (cur?.recordOwed) recordFailure(m.member, cur.recordOwed);
     return undefined;
   }
 
   /** The node's request (or none) on its ticket, and whether it may still hold what it remembers holding. */
   async function showOnPool(m: NonNullable<typeof membership>, s: NodeRollout): Promise<Event | undefined> {
     const cur = s.current;
+    // Whether the record may still show a slot this node's state has given up, for work before what it waits for now.
+    let leftover = m.shown?.startsWith("holding/") === true && cur?.phase === "waiting";
     if (m.shown === undefined) {
       await m.member.ensureTicket();
+      const held = cur && (await m.member.holding());
       // A slot this node held before its agent stopped may have been freed meanwhile (an operator deleted its
       // ticket): the record decides, not what this node remembers.
-      if (cur && cur.phase !== "waiting" && (await m.member.holding()) === undefined) {
+      if (cur && cur.phase !== "waiting" && held === undefined) {
         log.warn("the pool's record no longer shows this node's slot: it was freed while the agent was away", { revision: cur.work.revision });
         return { type: "slot-lost" };
       }
+      // The agent stopped between saving that its gate was over and giving the slot back.
+      leftover = cur?.phase === "waiting" && held !== undefined && held.revision !== cur.work.revision;
+    }
+    // Given back before the node asks again: asking on the same ticket would look to the leader like new work
+    // under the slot, which it moves the slot on to, and which for a stopped revision keeps the slot for ever.
+    if (leftover) {
+      log.info("gives back the slot the pool's record still shows for its last work before it asks for new work", { revision: cur?.work.revision });
+      await m.member.release();
     }
     if (cur) watchTicket(m, await m.member.request({ revision: cur.work.revision, reason: cur.work.kind, since: wallNow().toISOString(), ...(cur.work.changes ? { changes: cur.work.changes } : {}) }));
     else {
@@ -227,11 +238,11 @@ export function startRollout(deps: RolloutDeps): Rollout {
   }
 
   /** Takes this node's inconclusive failure off the pool's record once its retry passed (best effort: a new revision goes on anyway). */
-  async function clearFailure(revision: string): Promise<void> {
+  async function clearFailure({ revision, proven }: { revision: string; proven?: string[] }): Promise<void> {
     const m = member();
     if (!m) return;
-    await m.member.clearFailure(revision).then(
-      () => log.info("the change passed its gate when tried again: its inconclusive failure is taken off the pool's record", { revision }),
+    await m.member.clearFailure(revision, proven).then(
+      () => log.info("the change passed its gate when tried again: its inconclusive failure is taken off the pool's record (what of it this node runs now)", { revision }),
       (err: unknown) => log.warn("could not take the inconclusive failure off the pool's record; a new revision goes on anyway", { revision, error: describeError(err) }),
     );
   }
@@ -241,9 +252,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
    * (its change may have cut it off, and a write out of reach takes a timeout), and keeps its slot until the
    * record has it. Out of reach, it is written at a later look.
    */
-  function recordFailure(member: PoolMember, cur: NonNullable<NodeRollout["current"]>): void {
+  function recordFailure(member: PoolMember, owed: OwedFailure): void {
     if (recording) return;
-    const failure = { revision: cur.work.revision, node: nodeName(), failure: cur.failure ?? cur.check ?? "?", at: wallNow().toISOString(), changes: piecesOf(cur) };
+    const failure = { ...owed, node: nodeName(), at: wallNow().toISOString() };
     recording = member
       .recordFailure(failure)
       .then(() => writer.run(() => drive({ type: "failure-recorded" }, pool?.settings)).then(() => undefined))
@@ -284,6 +295,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
         if (holding?.revision !== cur.work.revision) return log.warn("a grant on the ticket that the pool's record does not show: ignored", { ticket: m.member.ticketName, revision: cur.work.revision });
         stoppedOnPool.delete(cur.work.revision);
         await drive({ type: "granted", revision: cur.work.revision }, settings);
+        changed();
+      } else if (cur.phase !== "waiting" && admitted(t) && t?.grant?.revision !== cur.work.revision) {
+        // The leader moved this node's slot on to the newer work it asked for: offered again, it is applied.
         changed();
       } else if (cur.phase === "waiting" && t?.grant?.stopped && t.grant.revision === cur.work.revision) {
         stoppedOnPool.add(cur.work.revision);
@@ -342,7 +356,9 @@ export function startRollout(deps: RolloutDeps): Rollout {
     const cached = deps.node.current();
     const local = await check(cached);
     // A failure the node sees itself (a unit, its probe) stands; only the Node's part needs the API server.
-    if (!fresh || !cached?.metadata?.name || (!local.healthy && !local.node)) return local;
+    if (!fresh || (!local.healthy && !local.node)) return local;
+    // No Node seen since the agent started (it restarted cut off from the API server): it cannot see itself.
+    if (!cached?.metadata?.name) return local.healthy ? local : { ...local, inconclusive: true };
     let node: V1Node;
     try {
       node = await apiClient(deps.kube, CoreV1Api).readNode({ name: cached.metadata.name });
@@ -353,10 +369,12 @@ export function startRollout(deps: RolloutDeps): Rollout {
   }
 
   /**
-   * New work while the node holds its slot is applied under it only once the record moved the slot on to it:
-   * never to a revision that failed its gate elsewhere, nor while more nodes hold slots than k allows now (k
-   * lowered, the pool shrank) — unless the node failed its gate and is disrupted anyway. Else the work waits
-   * for the gate of what the node did, and then asks the pool as any other.
+   * New work while the node holds its slot is applied under it only once the record moved the slot on to it.
+   * The node asks for it on its ticket and the leader moves it — never to a revision that failed its gate
+   * elsewhere, nor while more nodes hold slots than k allows now (k lowered, the pool shrank): only the
+   * leader counts the pool as it is (model pool-size seed 6436: holders that moved themselves on by a count
+   * the dead leader left behind were two with k = 1). Meanwhile the gate of what the node did runs on; if it
+   * passes first, the work asks the pool as any other.
    */
   async function slotMovesOn(work: Work, what: string, settings: RolloutSettings): Promise<HoldBack | undefined> {
     const s = await load();
@@ -365,11 +383,19 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!m || !cur || cur.phase === "waiting") return undefined;
     const r = step(s, { type: "want", work }, ctx(policyOf(settings)));
     if (r.action.do !== "apply" || r.action.target !== "work" || r.state.current === cur) return undefined;
-    const moved = await m.member.moveOn(work.revision, wallNow().toISOString(), cur.phase === "failed" ? undefined : settings.budget, work.changes, cur.retryOf);
-    if (moved.ok) return undefined;
+    const held = await m.member.holding();
+    if (held?.revision === work.revision) return undefined;
     const retryAfterMs = Math.min(60_000, settings.settleMs || 60_000);
-    if (moved.stopped) return { reason: "RolloutStopped", message: `${what} failed its health gate on ${moved.stopped.node} (${moved.stopped.failure}): not applied under this node's slot`, retryAfterMs };
-    return { reason: "WaitingForSlot", message: `${what} waits for the gate of this node's last change: ${moved.overBudget ? "more nodes hold disruption slots than the budget allows now" : "the pool's record no longer shows this node's slot"}`, retryAfterMs };
+    if (!held) return { reason: "WaitingForSlot", message: `${what} waits for the gate of this node's last change: the pool's record no longer shows this node's slot`, retryAfterMs };
+    const request = { revision: work.revision, reason: work.kind, since: wallNow().toISOString(), ...(work.changes ? { changes: work.changes } : {}) };
+    const failed = await m.member.failure();
+    if (failed && stopsRequest(failed, { node: nodeName(), request })) {
+      return { reason: "RolloutStopped", message: `${what} failed its health gate on ${failed.node} (${failed.failure}): not applied under this node's slot`, retryAfterMs };
+    }
+    await m.member.request(request);
+    // A move needs a leader: asking makes this agent stand for it (it stands down with its next step).
+    m.leader.campaign(true);
+    return { reason: "WaitingForSlot", message: `${what} waits for the pool to move this node's slot on to it; the gate of its last change runs meanwhile`, retryAfterMs };
   }
 
   function decision(a: Action, settings: RolloutSettings): Decision {
