@@ -45,6 +45,7 @@ const V2 = object({
   blocked: v.optional(object({ revision: v.string(), checksum: v.string(), check: v.string() })),
   retry: v.optional(object({ revision: v.string() })),
   recorded: v.optional(v.string()),
+  proveOwed: v.optional(object({ revision: v.string(), proven: v.optional(v.array(v.string())) })),
 });
 
 const V1 = object({

@@ -116,9 +116,15 @@ export type NodeRollout = {
   retry?: { revision: string };
   /**
    * This node's failure of `revision` went on the pool's record: the next work that passes its gate here
-   * proves what of it the node runs then (`clearFailure`).
+   * proves what of it the node runs then (`proveOwed`).
    */
   recorded?: string;
+  /**
+   * Work passed its gate here after this node's failure of `revision` went on the pool's record: what of it
+   * the node runs now (`proven`: every file and unit the work left) is to come off the record
+   * (`provenFailure`, src/rollout/pool.ts), until the pool's record has it (`proven` event).
+   */
+  proveOwed?: { revision: string; proven?: string[] };
 };
 
 export const emptyNodeRollout = (): NodeRollout => ({ version: 2 });
@@ -148,6 +154,8 @@ export type Event =
   | { type: "look"; healthy: false; check: string; inconclusive?: boolean }
   /** The failure is on the pool's record. */
   | { type: "failure-recorded" }
+  /** What the node proved of its failure is off the pool's record (`proveOwed`). */
+  | { type: "proven" }
   /**
    * An OSC was applied outside any gate (a fresh node's first, or one that disrupted nothing): it becomes the
    * rollback target only while the node has none — only a passed gate replaces a last good OSC.
@@ -165,12 +173,8 @@ export type Action =
   | { do: "hold"; reason: string; message: string; retryAfterMs?: number }
   /** Look at the node's health again in a moment. */
   | { do: "look" }
-  /**
-   * The work is proven: the slot goes back. `clearFailure`: this node's failure of that revision went on the
-   * pool's record: what of it the node runs now is proven (`proven`: every file and unit the passed work left
-   * there) and comes off the record (`provenFailure`, src/rollout/pool.ts).
-   */
-  | { do: "released"; passed: Work; clearFailure?: { revision: string; proven?: string[] } };
+  /** The work is proven: the slot goes back. */
+  | { do: "released"; passed: Work };
 
 export type Ctx = { now: BootClockReading; wallIso: string; policy: GatePolicy };
 
@@ -195,6 +199,10 @@ export function step(s: NodeRollout, e: Event, ctx: Ctx): { state: NodeRollout; 
       return look(s, e, ctx);
     case "failure-recorded":
       return failureRecorded(s);
+    case "proven": {
+      const { proveOwed: _, ...rest } = s;
+      return { state: s.proveOwed ? rest : s, action: { do: "nothing" } };
+    }
     case "baseline":
       return { state: s.lastGood ? s : { ...s, lastGood: { checksum: e.checksum, base: e.base, at: ctx.wallIso } }, action: { do: "nothing" } };
   }
@@ -319,8 +327,8 @@ function pass(s: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; act
   // far as the node runs it now: one try, a change newer work replaced stays suspect.
   const { recorded, ...kept } = s;
   const { retry: _, ...retried } = kept;
-  const clearFailure = recorded && { revision: recorded, ...(cur.work.carries ? { proven: cur.work.carries } : {}) };
-  return { state: { ...(cur.retryOf ? retried : kept), current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work, ...(clearFailure ? { clearFailure } : {}) } };
+  const proveOwed = recorded !== undefined ? { proveOwed: { revision: recorded, ...(cur.work.carries ? { proven: cur.work.carries } : {}) } } : {};
+  return { state: { ...(cur.retryOf ? retried : kept), ...proveOwed, current: undefined, ...(lastGood ? { lastGood } : {}) }, action: { do: "released", passed: cur.work } };
 }
 
 function fail(state: NodeRollout, cur: Current, ctx: Ctx): { state: NodeRollout; action: Action } {

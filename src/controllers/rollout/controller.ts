@@ -106,6 +106,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
   // The reporting of steps (conditions, events) and a failure's write to the pool, each off the serializer.
   let reporting: Promise<void> = Promise.resolve();
   let recording: Promise<void> | undefined;
+  let proving: Promise<void> | undefined;
   // Revisions the leader said failed their gate elsewhere while this node waited for them (until one is granted).
   const stoppedOnPool = new Set<string>();
 
@@ -156,8 +157,6 @@ export function startRollout(deps: RolloutDeps): Rollout {
       tell ||= (r.state.current?.phase === "rolling-back" && before.current?.phase !== "rolling-back") || r.action.do === "released";
       action = r.action;
       event = await syncPool(r.state);
-      // Beside the serializer, as a failure's record write is: a write out of reach takes a timeout.
-      if (!event && r.action.do === "released" && r.action.clearFailure) void clearFailure(r.action.clearFailure);
     }
     // Told once on each such step: the OSC controller's offers while the node rolls back get the same answer,
     // and telling it again at each would have it offer again at once, round and round.
@@ -199,6 +198,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
       m.shown = shown;
     }
     if (cur?.recordOwed) recordFailure(m.member, cur.recordOwed);
+    if (s.proveOwed) proveFailure(m.member, s.proveOwed);
     return undefined;
   }
 
@@ -237,14 +237,22 @@ export function startRollout(deps: RolloutDeps): Rollout {
     return undefined;
   }
 
-  /** Takes this node's inconclusive failure off the pool's record once its retry passed (best effort: a new revision goes on anyway). */
-  async function clearFailure({ revision, proven }: { revision: string; proven?: string[] }): Promise<void> {
-    const m = member();
-    if (!m) return;
-    await m.member.clearFailure(revision, proven).then(
-      () => log.info("the change passed its gate when tried again: its inconclusive failure is taken off the pool's record (what of it this node runs now)", { revision }),
-      (err: unknown) => log.warn("could not take the inconclusive failure off the pool's record; a new revision goes on anyway", { revision, error: describeError(err) }),
-    );
+  /**
+   * Takes what this node proved of its failure off the pool's record, beside the serializer as a failure's
+   * write is; out of reach, at a later look (the state owes it until the record has it).
+   */
+  function proveFailure(member: PoolMember, owed: NonNullable<NodeRollout["proveOwed"]>): void {
+    if (proving) return;
+    proving = member
+      .clearFailure(owed.revision, owed.proven)
+      .then(() => {
+        log.info("work passed its gate after this node's failure: what of the failure it runs now is taken off the pool's record", { revision: owed.revision });
+        return writer.run(() => drive({ type: "proven" }, pool?.settings)).then(() => undefined);
+      })
+      .catch((err: unknown) => log.warn("could not take what this node proved off the pool's record yet; trying again", { revision: owed.revision, error: describeError(err) }))
+      .finally(() => {
+        proving = undefined;
+      });
   }
 
   /**
