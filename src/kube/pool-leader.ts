@@ -264,6 +264,10 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       const known = l.shards.get(i);
       const name = shardLeaseName(ref.secret.name, i);
       const share = shardSlots(i, k, capacity);
+      // Its share of k, and no more than k leaves the other shards (holders admitted under a larger k stay
+      // in shards whose share is smaller now): the shares alone keep writers with different k's within the
+      // largest; this keeps one leader within k.
+      const room = Math.min(share, k - held(i).length);
       // Nodes that hold a slot in another shard, or were admitted into one in this pass, wait for nothing here.
       const elsewhere = new Set([...held(i).map((h) => h.node), ...admitted.map((t) => t.node)]);
       const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stopsRequest(failed, t));
@@ -274,10 +278,6 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       const written = await compareAndSwap(api, name, (current) => {
         const read = readPool(current, `Lease kube-system/${name}`);
         view = new Map([...holderView(read, l.tickets, fresh)].filter(([node]) => !elsewhere.has(node) || read.holders.some((h) => h.node === node)));
-        // Its share of k, and no more than k leaves the other shards (holders admitted under a larger k stay
-        // in shards whose share is smaller now): the shares alone keep writers with different k's within the
-        // largest; this keeps one leader within k.
-        const room = Math.min(share, k - held(i).length);
         const d = decide(withFailed(read), view, room);
         admittedHere = d.admit;
         // A shard over its room (k lowered: over its share, or more hold slots in all shards than k) moves and
@@ -296,7 +296,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       admitted.push(...admittedHere);
       holders.push(...record.holders);
       // The grants of a shard go out together (a wave of admissions waits for the slowest, not for their sum).
-      if (record.holders.length > Math.min(share, k - held(i).length)) continue;
+      if (record.holders.length > room) continue;
       await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
     }
     const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;

@@ -112,8 +112,8 @@ export type PoolMember = {
   /** Writes that `revision` failed its gate here; the node keeps its slot. */
   recordFailure(failure: Failure): Promise<void>;
   /**
-   * Takes what the node proved of its failure of `revision` off the record (it was inconclusive, and the retry
-   * passed: `provenFailure`).
+   * Takes what the node proved of its failure of `revision` off the record: work passed its gate here after
+   * the failure, and runs `proven` (`provenFailure`). No write when that proves nothing more.
    */
   clearFailure(revision: string, proven?: readonly string[]): Promise<void>;
   /**
@@ -190,7 +190,8 @@ export function poolMember(api: LeaseApi, ref: PoolRef, capacity = shardCapacity
         if (record.failed?.revision !== revision || record.failed.node !== ref.node.name) return undefined;
         const { failed, ...rest } = record;
         const left = provenFailure(failed, proven);
-        return left ? { ...rest, failed: left } : rest;
+        if (!left) return rest;
+        return JSON.stringify(left.changes) === JSON.stringify(failed.changes) ? undefined : { ...rest, failed: left };
       });
     },
     async recordFailure(failure) {

@@ -45,8 +45,8 @@ export function changesOf(plan: Plan): string[] {
 
 /**
  * Every file, unit and drop-in the desired state leaves on the node, digested as `changesOf` digests a write:
- * with the node's `changes`, whether it would end up running all of a change that failed elsewhere (its
- * other parts may be there already).
+ * once work passed its gate on a node whose failure is on the pool's record, the failed changes among these
+ * are proven (`provenFailure`, src/rollout/pool.ts).
  */
 export function carriesOf(desired: Desired): string[] {
   const entries = [
