@@ -12,7 +12,7 @@ import type { V1Lease } from "@kubernetes/client-node";
 import type { Budget } from "../api/rollout.ts";
 import { describeError, type Logger } from "../log.ts";
 import { every, type Loop, singleFlight } from "../loops.ts";
-import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, stopsOwed, stopsRequest, type Ticket, ticketLabel, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
+import { budgetSlots, decide, dropCandidates, grantAnnotation, grantsOwed, holderView, leaderLeaseName, movesOwed, poolLeaseLabel, type PoolRecord, shardCapacity, shardLeaseName, shardOf, shardsFor, shardSlots, slotsLabel, slotsLeaseName, staleGrants, stopsOwed, stopsRequest, type Ticket, ticketLabel, withFresh, withHolder, withLostHolders, withoutHolders } from "../rollout/pool.ts";
 import { KubeError } from "./errors.ts";
 import type { LeaseApi, LeaseWatch } from "./lease-api.ts";
 import type { WatchEvent } from "./watch.ts";
@@ -253,7 +253,9 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const at = deps.wallNow().toISOString();
     /** The holders of every shard as the watch shows them, but shard `except`'s. */
     const held = (except?: number) => [...l.shards].flatMap(([i, s]) => (i === except ? [] : (s.record?.holders ?? [])));
-    const fresh = await readTickets(l, dropCandidates({ holders: held() }, l.tickets));
+    const stale = staleGrants(held(), l.tickets);
+    const fresh = await readTickets(l, [...dropCandidates({ holders: held() }, l.tickets), ...stale]);
+    const tickets = withFresh(l.tickets, new Map(stale.map((node) => [node, fresh.get(node) ?? null])));
     const failed = await recordLost(l, held(), fresh, at);
     /** `r` judged with the pool's failure (on shard 0, whatever shard `r` is). */
     const withFailed = (r: PoolRecord): PoolRecord => (failed ? { ...r, failed } : r);
@@ -270,14 +272,14 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       const room = Math.min(share, k - held(i).length);
       // Nodes that hold a slot in another shard, or were admitted into one in this pass, wait for nothing here.
       const elsewhere = new Set([...held(i).map((h) => h.node), ...admitted.map((t) => t.node)]);
-      const candidates = [...l.tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stopsRequest(failed, t));
+      const candidates = [...tickets.values()].some((t) => t.request && !elsewhere.has(t.node) && !stopsRequest(failed, t));
       // A shard is created only to admit into it.
       if (i > 0 && !known?.lease && (!candidates || share === 0)) continue;
-      let view = l.tickets;
+      let view: ReadonlyMap<string, Ticket> = tickets;
       let admittedHere: Ticket[] = [];
       const written = await compareAndSwap(api, name, (current) => {
         const read = readPool(current, `Lease kube-system/${name}`);
-        view = new Map([...holderView(read, l.tickets, fresh)].filter(([node]) => !elsewhere.has(node) || read.holders.some((h) => h.node === node)));
+        view = new Map([...holderView(read, tickets, fresh)].filter(([node]) => !elsewhere.has(node) || read.holders.some((h) => h.node === node)));
         const d = decide(withFailed(read), view, room);
         admittedHere = d.admit;
         // A shard over its room (k lowered: over its share, or more hold slots in all shards than k) moves and
@@ -300,7 +302,7 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
       await inParallel(grantsOwed(record, view), (h) => tell(l, h.node, { revision: h.revision, at: h.since, ...(i > 0 ? { shard: i } : {}) }));
     }
     const told = `${failed?.failure ?? ""} (on ${failed?.node ?? "?"})`;
-    await inParallel(stopsOwed(withFailed({ holders }), l.tickets), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: told }));
+    await inParallel(stopsOwed(withFailed({ holders }), tickets), (t) => tell(l, t.node, { revision: t.request?.revision as string, at, stopped: told }));
     if (admitted.length > 0) log.info("admitted waiting nodes", { nodes: admitted.map((t) => t.node), k, poolSize: l.tickets.size });
   }
 

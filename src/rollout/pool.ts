@@ -166,6 +166,28 @@ export function holderView(record: PoolRecord, tickets: ReadonlyMap<string, Tick
 export const dropCandidates = (record: PoolRecord, tickets: ReadonlyMap<string, Ticket>): string[] => record.holders.filter((h) => !tickets.get(h.node)?.request).map((h) => h.node);
 
 /**
+ * Nodes whose ticket, as the view shows it, carries the grant of what it asks for while they hold no slot:
+ * a grant stays on the ticket until the node gives its slot back, so the view is most likely behind that
+ * give-back (the record's watch, a stream of its own, showed the holder leave first). Admitted on that view,
+ * the node would hold a slot it never uses until the next pass drops it, and a waiting node would wait for
+ * it (e2e rollout, two requested restarts: the first node held twice). Their tickets are read fresh first.
+ */
+export const staleGrants = (holders: readonly Holder[], tickets: ReadonlyMap<string, Ticket>): string[] => {
+  const holding = new Set(holders.map((h) => h.node));
+  return [...tickets.values()].filter((t) => !holding.has(t.node) && t.request && t.grant?.revision === t.request.revision && t.grant.stopped === undefined).map((t) => t.node);
+};
+
+/** `tickets` with those read fresh in place of the view's (null: gone). */
+export function withFresh(tickets: ReadonlyMap<string, Ticket>, fresh: ReadonlyMap<string, Ticket | null>): Map<string, Ticket> {
+  const view = new Map(tickets);
+  for (const [node, t] of fresh) {
+    if (t === null) view.delete(node);
+    else view.set(node, t);
+  }
+  return view;
+}
+
+/**
  * Whether the record's failure stops work of `revision` that makes `changes`: the revision that failed, or
  * work that would bring the node any change the failed admission made and no node has proven since. Which
  * of its changes broke cannot be told apart, and Gardener renders new revisions for unrelated reasons (a

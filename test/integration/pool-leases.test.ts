@@ -9,11 +9,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { CoreV1Api, type V1Lease, Watch } from "@kubernetes/client-node";
 import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
-import { leaseApi } from "../../src/kube/lease-api.ts";
+import { type LeaseApi, leaseApi } from "../../src/kube/lease-api.ts";
 import { type PoolLeader, startPoolLeader } from "../../src/kube/pool-leader.ts";
 import { type PoolMember, poolMember, readTicket } from "../../src/kube/pool-leases.ts";
 import { createLogger } from "../../src/log.ts";
-import { admitted, decodePool, shardLeaseName, slotsLeaseName, type Ticket } from "../../src/rollout/pool.ts";
+import { admitted, decodePool, shardLeaseName, slotsLeaseName, type Ticket, ticketLabel } from "../../src/rollout/pool.ts";
 import type { Budget } from "../../src/api/rollout.ts";
 import { monotonicMs } from "../../src/time.ts";
 import { registerNode } from "../harness/agent.ts";
@@ -40,7 +40,7 @@ afterAll(async () => {
 type Agent = { name: string; member: PoolMember; leader: PoolLeader; ticket(): Promise<Ticket | undefined>; stop(): Promise<void> };
 
 let seq = 0;
-async function pool(budget: Budget | (() => Budget), nodes: number, leaseDurationMs = 3_000, capacity?: number) {
+async function pool(budget: Budget | (() => Budget), nodes: number, leaseDurationMs = 3_000, capacity?: number, leaderApi: (api: LeaseApi) => LeaseApi = (api) => api) {
   const name = `pool-${++seq}`;
   const secret = await core.createNamespacedSecret({ namespace, body: { metadata: { name }, data: {} } });
   const uid = secret.metadata?.uid as string;
@@ -58,7 +58,7 @@ async function pool(budget: Budget | (() => Budget), nodes: number, leaseDuratio
     const nodeUid = (await core.readNode({ name: node })).metadata?.uid as string;
     const ref = { secret: { name, uid }, node: { name: node, uid: nodeUid } };
     const member = poolMember(api, ref, capacity);
-    const leader = startPoolLeader({ api, ref, log, budget: typeof budget === "function" ? budget : () => budget, ...(capacity ? { shardCapacity: capacity } : {}), clock: monotonicMs, wallNow: () => new Date(), leaseDurationMs, renewEveryMs: leaseDurationMs / 3 });
+    const leader = startPoolLeader({ api: leaderApi(api), ref, log, budget: typeof budget === "function" ? budget : () => budget, ...(capacity ? { shardCapacity: capacity } : {}), clock: monotonicMs, wallNow: () => new Date(), leaseDurationMs, renewEveryMs: leaseDurationMs / 3 });
     const ticket = async () => {
       const l = await api.get(member.ticketName);
       return l ? readTicket(l, member.ticketName) : undefined;
@@ -179,6 +179,34 @@ describe("the pool protocol on real Leases", () => {
       if (all.some((h) => h.startsWith(`${c.name}@`))) expect(all.filter((h) => h.endsWith("@r2"))).toEqual([]);
     }
     expect(latest.get(0)?.sort()).toEqual([`${a.name}@r2`, `${b.name}@r2`]);
+    await p.stop();
+  }, 120_000);
+  test("a holder that gave back is not admitted again on a view of its ticket that is behind the record's (the grant still on it): the waiting node goes next", async () => {
+    // The leaders' watch of the holder's ticket is held back while it gives back: the record's watch (a stream
+    // of its own) shows the holder leave while its ticket still shows it asking, with its grant.
+    let holdTicket: string | undefined;
+    const held: (() => void)[] = [];
+    const delayTickets = (api: LeaseApi): LeaseApi => ({
+      ...api,
+      watch: (selector, onEvent) =>
+        api.watch(selector, (e) => {
+          if (!("labelSelector" in selector && selector.labelSelector.startsWith(ticketLabel)) || e.object.metadata?.name !== holdTicket) return onEvent(e);
+          held.push(() => void onEvent(e));
+        }),
+    });
+    const p = await pool({ text: "1", count: 1 }, 2, 3_000, undefined, delayTickets);
+    const [a, b] = p.agents as [Agent, Agent];
+    await ask(a, "r1", "2026-01-01T00:00:00Z");
+    await waitFor(`${a.name} admitted`, async () => ((await granted(a)) ? true : undefined), 30_000, 100);
+    await ask(b, "r1", "2026-01-01T00:00:01Z");
+    holdTicket = a.member.ticketName;
+    const from = p.versions.length;
+    await a.member.release();
+    await waitFor(`${b.name} admitted`, async () => ((await granted(b)) ? true : undefined), 30_000, 100);
+    holdTicket = undefined;
+    for (const deliver of held.splice(0)) deliver();
+    expect(p.versions.slice(from).map((v) => v.holders.join(","))).not.toContain(a.name);
+    expect(p.versions.at(-1)?.holders).toEqual([b.name]);
     await p.stop();
   }, 120_000);
 });
