@@ -9,7 +9,7 @@
 // - What leaves the OSC leaves the node, but only what trellis wrote (Owned): its units are stopped
 //   and disabled before their files are removed, after every write; drop-ins and files other tools
 //   put there are never touched.
-// - One daemon-reload per plan; the agent's own unit restarts last.
+// - One daemon-reload per plan, after unit files and enablement changed; the agent's own unit restarts last.
 import type { Desired, DesiredUnit } from "../api/desired.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
@@ -34,6 +34,7 @@ export function makePlan(input: PlanInput): Plan {
   const fileSteps: Step[] = [];
   const unitFileSteps: Step[] = [];
   const enableSteps: Step[] = [];
+  const enablementChanged: string[] = [];
   const stops: Step[] = [];
   const restarts: Step[] = [];
   const disk = (path: string) => observed.files.get(path) ?? null;
@@ -134,6 +135,7 @@ export function makePlan(input: PlanInput): Plan {
     const enablement = enablementStep(u, ownEnable, systemd(u.name)?.unitFileState, !own || wroteUnitFile);
     if (enablement) {
       enableSteps.push(enablement.step);
+      if (enablement.changed) enablementChanged.push(u.name);
       if (enablement.changed && own) causes.push(u.enable ? "enabled" : "disabled");
     }
     if (own) for (const p of u.filePaths) if (changedFiles.has(p)) causes.push(`file ${p} changed`);
@@ -150,9 +152,11 @@ export function makePlan(input: PlanInput): Plan {
     }
   }
 
-  const reload: Step[] = unitFileSteps.length
-    ? [{ kind: "daemon-reload", reason: `unit files changed: ${[...new Set(unitFileSteps.map(unitOf))].join(", ")}` }]
-    : [];
+  // After enabling too, as `systemctl enable` does: systemd keeps each unit's UnitFileState from its last
+  // load, so without a reload an enable-only change reads as not made (parity with gardener-node-agent: the
+  // next plan saw `enable: false` undone as still enabled, and a later one restarted the unit needlessly).
+  const reloadFor = [...new Set([...unitFileSteps.map(unitOf), ...enablementChanged])];
+  const reload: Step[] = reloadFor.length ? [{ kind: "daemon-reload", reason: `unit files or their enablement changed: ${reloadFor.join(", ")}` }] : [];
   const self = restarts.filter((s) => s.kind === "restart" && s.unit === input.selfUnit);
   const others = restarts.filter((s) => !self.includes(s));
   // Every write comes before any unit is touched, those leaving the OSC included: a write that fails
@@ -163,7 +167,7 @@ export function makePlan(input: PlanInput): Plan {
   const removals = pathSteps.filter((s) => s.kind === "remove");
   return {
     checksum: input.checksum,
-    steps: [...writes, ...removeUnits, ...removals, ...reload, ...enableSteps, ...stops, ...others, ...self],
+    steps: [...writes, ...removeUnits, ...removals, ...enableSteps, ...reload, ...stops, ...others, ...self],
   };
 }
 

@@ -107,6 +107,30 @@ describe("trellis apply inside a node", () => {
     expect(await mainPid("web.service")).toBe(web);
   });
 
+  test("enablement alone changed, on a unit systemd keeps loaded: each apply reloads, so the next plan sees it (nothing to do) and UnitFileState says it", async () => {
+    // systemd keeps a loaded unit's UnitFileState from its last load: without a reload after Enable/
+    // DisableUnitFiles the next plan read the old state, and an enable: true after an enable: false was
+    // never applied (found side by side with gardener-node-agent). A foreign unit ordered after ticker keeps
+    // it loaded while it is stopped (else systemd unloads it and the next read is fresh anyway).
+    await node.writeFile("/etc/systemd/system/pin-ticker.service", "[Unit]\nAfter=ticker.service\n[Service]\nExecStart=/bin/sleep infinity\n");
+    await node.execOk(["systemctl", "daemon-reload"]);
+    await node.execOk(["systemctl", "start", "pin-ticker.service"]);
+    const state = async () => (await node.execOk(["systemctl", "show", "-P", "UnitFileState", "ticker.service"])).trim();
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    osc.spec.units[0].dropIns[0].content = "[Service]\nRestart=always\nRestartSec=2\n";
+    for (const enable of [true, false, true, false]) {
+      osc.spec.units[1].enable = enable;
+      expect((await apply(osc)).code).toBe(0);
+      expect(await state()).toBe(enable ? "enabled" : "disabled");
+      expect(await active("ticker.service")).toBe(enable ? "active" : "inactive");
+      expect((await plan(osc)).stdout).toContain("nothing to do");
+    }
+    await node.execOk(["systemctl", "stop", "pin-ticker.service"]);
+    await node.execOk(["rm", "/etc/systemd/system/pin-ticker.service"]);
+    await node.execOk(["systemctl", "daemon-reload"]);
+  });
+
   test("removing a unit and a file from the OSC removes them, foreign files stay", async () => {
     const osc = clone();
     osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";

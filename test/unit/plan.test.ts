@@ -138,7 +138,7 @@ describe("first apply (nothing owned, nothing on disk)", () => {
   const d = node();
   const p = plan(d, emptyOwned(), observed(new Map(), new Map()));
 
-  test("writes every file, unit file and drop-in, reloads once, enables and restarts every unit, in that order", () => {
+  test("writes every file, unit file and drop-in, enables every unit, reloads once, restarts every unit, in that order", () => {
     expect(shown(p)).toEqual([
       `write ${kubeletConf.path}`,
       `write ${sysctl.path}`,
@@ -147,11 +147,11 @@ describe("first apply (nothing owned, nothing on disk)", () => {
       `write ${U("sysctl-apply.service")}`,
       `write ${U("valitail.service")}`,
       `write ${D("containerd.service", "30-env_config.conf")}`,
-      "daemon-reload",
       "enable kubelet.service",
       "enable sysctl-apply.service",
       "enable valitail.service",
       "enable containerd.service",
+      "daemon-reload",
       "restart kubelet.service",
       "restart sysctl-apply.service",
       "restart valitail.service",
@@ -174,7 +174,7 @@ describe("first apply (nothing owned, nothing on disk)", () => {
 
   test("a new unit with enable: false is disabled and stopped, not restarted", () => {
     const q = plan(desired([unit("a.service", { content: "x", enable: false })]), emptyOwned(), observed(new Map()));
-    expect(shown(q)).toEqual([`write ${U("a.service")}`, "daemon-reload", "disable a.service", "stop a.service"]);
+    expect(shown(q)).toEqual([`write ${U("a.service")}`, "disable a.service", "daemon-reload", "stop a.service"]);
   });
 
   test("a node set up by gardener-node-agent (everything in place, nothing owned) gets no writes, but every unit is enabled and restarted once", () => {
@@ -290,20 +290,20 @@ describe("files", () => {
 describe("unit files and drop-ins", () => {
   test("a changed unit file: write, daemon-reload, enable (re-reads [Install]), restart that unit only", () => {
     const p = change(node(), node({ valitail: unit("valitail.service", { content: "[Service]\nExecStart=/opt/bin/valitail --v2\n" }) }));
-    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service", "restart valitail.service"]);
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "enable valitail.service", "daemon-reload", "restart valitail.service"]);
     expect(reasonOf(p, "restart valitail.service")).toContain("unit file");
     expect(reasonOf(p, "daemon-reload")).toContain("valitail.service");
   });
 
   test("drift: a unit file edited on disk is written back and the unit restarts", () => {
     const p = change(node(), node(), { disk: { [U("valitail.service")]: "edited" } });
-    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service", "restart valitail.service"]);
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "enable valitail.service", "daemon-reload", "restart valitail.service"]);
     expect(reasonOf(p, `write ${U("valitail.service")}`)).toContain("drift");
   });
 
   test("a unit file with the right content but another mode is fixed without restarting the unit", () => {
     const p = change(node(), node(), { disk: { [U("valitail.service")]: "[Service]\nExecStart=/opt/bin/valitail\n" } });
-    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service"]);
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "enable valitail.service", "daemon-reload"]);
     expect(reasonOf(p, `write ${U("valitail.service")}`)).toBe("mode 0644 → 0600");
   });
 
@@ -344,19 +344,19 @@ describe("unit files and drop-ins", () => {
 describe("enable and command", () => {
   test("enable: true → false on a running unit: disable and stop, no restart", () => {
     const p = change(node(), node({ valitail: unit("valitail.service", { content: base.valitail.content ?? "", enable: false }) }));
-    expect(shown(p)).toEqual(["disable valitail.service", "stop valitail.service"]);
+    expect(shown(p)).toEqual(["disable valitail.service", "daemon-reload", "stop valitail.service"]);
     expect(reasonOf(p, "disable valitail.service")).toContain("was enabled");
     expect(reasonOf(p, "stop valitail.service")).toBe("enable: false");
   });
 
   test("enable: false on a unit that is already inactive: disable only", () => {
     const p = change(node(), node({ valitail: unit("valitail.service", { content: base.valitail.content ?? "", enable: false }) }), { units: { "valitail.service": { activeState: "inactive" } } });
-    expect(shown(p)).toEqual(["disable valitail.service"]);
+    expect(shown(p)).toEqual(["disable valitail.service", "daemon-reload"]);
   });
 
   test("enable: false without systemd (plan --root): disable and stop because the enablement changed", () => {
     const p = change(node(), node({ valitail: unit("valitail.service", { content: base.valitail.content ?? "", enable: false }) }), { noSystemd: true });
-    expect(shown(p)).toEqual(["disable valitail.service", "stop valitail.service"]);
+    expect(shown(p)).toEqual(["disable valitail.service", "daemon-reload", "stop valitail.service"]);
   });
 
   test("command: stop on a running unit: stop, no restart", () => {
@@ -367,7 +367,7 @@ describe("enable and command", () => {
 
   test("command: stop with a changed unit file: written, reloaded, enabled, stopped, never restarted", () => {
     const p = change(node(), node({ valitail: unit("valitail.service", { content: "new", command: "stop" }) }));
-    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "daemon-reload", "enable valitail.service", "stop valitail.service"]);
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, "enable valitail.service", "daemon-reload", "stop valitail.service"]);
   });
 
   test("command: stop, unit observed inactive, nothing changed: no step", () => {
@@ -400,7 +400,7 @@ describe("enable and command", () => {
 
   test("enable: true, observed \"disabled\": enable and restart, saying why", () => {
     const p = change(node(), node(), { units: { "kubelet.service": { unitFileState: "disabled" } } });
-    expect(shown(p)).toEqual(["enable kubelet.service", "restart kubelet.service"]);
+    expect(shown(p)).toEqual(["enable kubelet.service", "daemon-reload", "restart kubelet.service"]);
     expect(reasonOf(p, "enable kubelet.service")).toBe("was disabled");
     expect(reasonOf(p, "restart kubelet.service")).toBe("enabled");
   });
@@ -408,7 +408,7 @@ describe("enable and command", () => {
   test.each(["enabled", "linked"])("enable: false, observed %p: disable and stop", (unitFileState) => {
     const d = node({ valitail: unit("valitail.service", { content: "x", enable: false }) });
     const p = change(d, d, { units: { "valitail.service": { unitFileState, activeState: "active" } } });
-    expect(shown(p)).toEqual(["disable valitail.service", "stop valitail.service"]);
+    expect(shown(p)).toEqual(["disable valitail.service", "daemon-reload", "stop valitail.service"]);
   });
 
   // DisableUnitFiles(runtime=false) cannot clear runtime enablement: disabling again on every apply
@@ -514,7 +514,7 @@ describe("the agent's own unit", () => {
     const running = desired([unit(SELF, { content: "gna v1" }), unit("a.service", { content: "a" })]);
     expect(change(running, desired([unit(SELF, { content: "gna v1", ...spec }), unit("a.service", { content: "a" })])).steps).toEqual([]);
     const p = change(running, desired([unit(SELF, { content: "gna v2", ...spec }), unit("a.service", { content: "a2" })]));
-    expect(shown(p)).toEqual([`write ${U(SELF)}`, `write ${U("a.service")}`, "daemon-reload", `enable ${SELF}`, "enable a.service", "restart a.service", `restart ${SELF}`]);
+    expect(shown(p)).toEqual([`write ${U(SELF)}`, `write ${U("a.service")}`, `enable ${SELF}`, "enable a.service", "daemon-reload", "restart a.service", `restart ${SELF}`]);
   });
 
   test("a different selfUnit is honoured", () => {
@@ -582,7 +582,7 @@ describe("daemon-reload", () => {
     const reload = indexOf(p, "daemon-reload");
     p.steps.forEach((s, i) => {
       if (s.kind === "write" || s.kind === "remove") expect(i).toBeLessThan(reload);
-      if (s.kind === "enable" || s.kind === "restart") expect(i).toBeGreaterThan(reload);
+      if (s.kind === "restart") expect(i).toBeGreaterThan(reload);
     });
     for (const u of ["a.service", "b.service", "gone.service", "host-gone.service", "new.service"]) expect(reasonOf(p, "daemon-reload")).toContain(u);
   });
@@ -608,7 +608,7 @@ describe("without systemd (Observed.units undefined, plan --root)", () => {
 
   test("recorded enable: false, desired true: enable and restart", () => {
     const before = node({ valitail: unit("valitail.service", { content: base.valitail.content ?? "", enable: false }) });
-    expect(shown(change(before, node(), { noSystemd: true }))).toEqual(["enable valitail.service", "restart valitail.service"]);
+    expect(shown(change(before, node(), { noSystemd: true }))).toEqual(["enable valitail.service", "daemon-reload", "restart valitail.service"]);
   });
 
   test("command: stop without systemd and without changes: no stop (activity unknown)", () => {
@@ -778,6 +778,7 @@ function drift(r: Rng, sim: Sim): void {
 
 function checkPlan(p: Plan, d: Desired, sim: Sim, where: string): void {
   const ctx = (msg: string) => `${where}: ${msg}\n${shown(p).join("\n")}`;
+  const desiredNames = new Set(d.units.map((u) => u.name));
   const want = desiredPaths(d);
   const owned = ownedPaths(sim.owned);
   const kinds = p.steps.map((s) => s.kind);
@@ -788,16 +789,20 @@ function checkPlan(p: Plan, d: Desired, sim: Sim, where: string): void {
     if (s.kind === "remove" && !owned.has(s.path)) throw new Error(ctx(`remove ${s.path}: not owned`));
     if ((s.kind === "write" || s.kind === "remove") && POOL.foreign.includes(s.path)) throw new Error(ctx(`touched foreign ${s.path}`));
   }
-  const touches = p.steps.filter((s) => (s.kind === "write" || s.kind === "remove") && s.target.type !== "file").length;
+  // Unit files written or removed, and enablement of units the OSC keeps (systemd re-reads both on a reload).
+  const enablementChanged = p.steps.filter((s) => (s.kind === "enable" || s.kind === "disable") && desiredNames.has(s.unit) && s.reason.startsWith("was ")).length;
+  const touches = p.steps.filter((s) => (s.kind === "write" || s.kind === "remove") && s.target.type !== "file").length + enablementChanged;
   const reloads = kinds.filter((k) => k === "daemon-reload").length;
-  if (reloads !== (touches > 0 ? 1 : 0)) throw new Error(ctx(`${reloads} daemon-reloads for ${touches} unit file changes`));
+  if (reloads !== (touches > 0 ? 1 : 0)) throw new Error(ctx(`${reloads} daemon-reloads for ${touches} unit file or enablement changes`));
   const lastFs = kinds.findLastIndex((k) => k === "write" || k === "remove");
   const reload = kinds.indexOf("daemon-reload");
   if (reload >= 0 && reload < lastFs) throw new Error(ctx("daemon-reload before a write"));
-  const desiredNames = new Set(d.units.map((u) => u.name));
   p.steps.forEach((s, i) => {
-    const unitStep = s.kind === "enable" || s.kind === "restart" || ((s.kind === "disable" || s.kind === "stop") && desiredNames.has(s.unit));
-    if (unitStep && (i < lastFs || i < reload)) throw new Error(ctx(`${show(s)} before the files are in place`));
+    // Enabling reads the unit file on disk (as `systemctl enable` does, the reload follows it).
+    const enablement = (s.kind === "enable" || s.kind === "disable") && desiredNames.has(s.unit);
+    const unitStep = s.kind === "restart" || (s.kind === "stop" && desiredNames.has(s.unit));
+    if ((enablement && i < lastFs) || (unitStep && (i < lastFs || i < reload))) throw new Error(ctx(`${show(s)} before the files are in place`));
+    if (enablement && reload >= 0 && i > reload) throw new Error(ctx(`${show(s)} after the daemon-reload`));
     if ((s.kind === "stop" || s.kind === "disable") && !desiredNames.has(s.unit) && kinds.slice(0, i).some((k) => k === "remove")) {
       throw new Error(ctx(`${show(s)} of a removed unit after a removal`));
     }
