@@ -194,3 +194,26 @@ test("a Node that registers only after the first apply (as kubelet's does) still
     await late.node.stop();
   }
 }, 90_000);
+
+/** An OSC of `files` and `units` alone (the web fixture's port is the first node's: these nodes share the host's network). */
+const small = (spec: { files?: unknown[]; units?: unknown[] }) =>
+  stringify({ apiVersion: "extensions.gardener.cloud/v1alpha1", kind: "OperatingSystemConfig", metadata: { name: "small", namespace: "kube-system" }, spec: { type: "debian", purpose: "reconcile", ...spec } });
+const inlineFile = (path: string, hostName?: string) => ({ path, ...(hostName ? { hostName } : {}), permissions: 0o644, content: { inline: { encoding: "", data: `${path}\n` } } });
+
+test("a host whose name has capitals gets the files for its name lower-cased, as gardener-node-agent and kubelet spell it", async () => {
+  const caps = await startAgentNode(cluster, { prefix: "caps", secretName: "osc-caps", start: false });
+  try {
+    const upper = caps.name.toUpperCase();
+    await caps.node.execOk(["hostname", upper]);
+    await caps.node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
+    const checksum = await putOscSecret(cluster, "osc-caps", small({ files: [inlineFile("/etc/caps/everyone"), inlineFile("/etc/caps/mine", caps.name), inlineFile("/etc/caps/as-spelled", upper)] }));
+    await waitApplied(caps, checksum);
+    expect((await caps.node.execOk(["hostname"])).trim()).toBe(upper);
+    expect(await caps.node.readFile("/etc/caps/everyone")).toBe("/etc/caps/everyone\n");
+    expect(await caps.node.readFile("/etc/caps/mine")).toBe("/etc/caps/mine\n");
+    // The OSC's hostName is compared as it is spelled: capitals match no host.
+    expect((await caps.node.exec(["test", "-e", "/etc/caps/as-spelled"])).code).toBe(1);
+  } finally {
+    await caps.node.stop();
+  }
+}, 90_000);
