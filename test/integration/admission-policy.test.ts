@@ -101,7 +101,7 @@ function heartbeat(of: Agent, base?: V1Lease): V1Lease {
 describe("an agent writes what trellis writes to its own objects", () => {
   test("its Node's labels and annotations, the zone label once, and the restart annotation removed", async () => {
     await patchNodeMetadata(a.kube, a.name, {
-      labels: { "worker.gardener.cloud/kubernetes-version": "1.35.4", "worker.gardener.cloud/gardener-node-agent-secret-name": pool.a, "node-role.kubernetes.io/worker": "", "topology.kubernetes.io/zone": "zone-1" },
+      labels: { "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "", "topology.kubernetes.io/zone": "zone-1" },
       annotations: { "checksum/cloud-config-data": "c1", "trellis.dev/effective-checksum": "c2" },
     });
     await patchNodeMetadata(a.kube, a.name, { annotations: { "trellis.dev/effective-checksum": null } });
@@ -388,6 +388,7 @@ describe("agent A cannot change what it does not own on its own Node", () => {
       ["topology.kubernetes.io/zone", "zone-2"],
       ["topology.kubernetes.io/zone", null],
       ["kubernetes.io/hostname", "node-b"],
+      ["worker.gardener.cloud/gardener-node-agent-secret-name", pool.b],
       ["rollout.trellis.dev/paused", "false"],
       ["node-restriction.kubernetes.io/trusted", "true"],
     ] as const) {
