@@ -156,7 +156,7 @@ export async function run(args: string[]): Promise<number> {
     startBootstrapCredentialsCleanup({ files, node, store, log }),
     startLeaseController({ kube, node, log, metrics, status }),
     tokens,
-    startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
+    startHealthController({ systemd, kube, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
