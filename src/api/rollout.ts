@@ -39,7 +39,7 @@ export const rolloutKeys = {
 } as const;
 /** Node label: "true" pauses trellis on that node. */
 export const pausedLabel = `${rolloutPrefix}paused`;
-/** Node label naming the OSC Secret a node follows: the pool a budget is counted over (Gardener sets it too). */
+/** Node label naming the OSC Secret a node follows: the pool a budget is counted over. Gardener sets it (kubelet's --node-labels, gardenlet); trellis only reads it. */
 export const poolLabel = "worker.gardener.cloud/gardener-node-agent-secret-name";
 
 export type Probe = { kind: "http"; url: string } | { kind: "exec"; argv: string[] };

@@ -15,7 +15,6 @@
 // runs as its own user gardener.cloud:node-agent:machine:<machine>, never as the bootstrap token, and a
 // denied or failed CSR fails the init unit, where it is seen and retried, instead of an agent crash-looping.
 // The bootstrap token stays: the agent deletes it after its first successful apply.
-import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { agentUnit, agentUnitContent, agentUnitMode, agentUnitPath, initUnit } from "../api/agent-unit.ts";
@@ -23,6 +22,7 @@ import { apiServerCa, type NodeAgentConfiguration } from "../api/agent-config.ts
 import { formatDuration, parseGoDuration } from "../api/duration.ts";
 import { kubelet, paths } from "../api/paths.ts";
 import { stateLockPath } from "../apply/state-store.ts";
+import { agentHostName } from "../controllers/hostname.ts";
 import { createFiles, type Files } from "../host/files.ts";
 import { ensureKubeletDataVolume } from "../host/kubelet-data-volume.ts";
 import { lockStateDir } from "../host/state-lock.ts";
@@ -80,7 +80,7 @@ export async function run(args: string[]): Promise<number> {
       // never throws): the agent starts after both.
       const adopting = adoptInstalledBinary({ configDir, files, log });
       try {
-        renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: hostname() }));
+        renewed = await step("a. the agent's client certificate", () => ensureAgentCredentials({ config, files, log, waitMs, hostName: agentHostName() }));
       } finally {
         await adopting;
       }

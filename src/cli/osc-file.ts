@@ -4,7 +4,7 @@
 // are reported as missing. imageRef files are pulled through the machine's containerd mirrors.
 import { mkdtemp, rm } from "node:fs/promises";
 import { readFileSync } from "node:fs";
-import { hostname, tmpdir } from "node:os";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { decodeBase64 } from "../api/base64.ts";
 import { type Desired, parseOscBytes } from "../api/desired.ts";
@@ -13,6 +13,7 @@ import { oscDataKey, paths } from "../api/paths.ts";
 import { parseRolloutSettings } from "../api/rollout.ts";
 import { oscYamlLimits, parseYaml } from "../api/yaml.ts";
 import { desiredForNode } from "../apply/desired-for-node.ts";
+import { agentHostName } from "../controllers/hostname.ts";
 import { type Files, hostPathUnder } from "../host/files.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
 import type { Logger } from "../log.ts";
@@ -45,7 +46,7 @@ export async function readOscFile(path: string, files: Files, log: Logger, opts:
   const cacheDir = opts.imageCache === "node" ? hostPathUnder(files.root, paths.imageCache) : await mkdtemp(join(tmpdir(), "trellis-plan-images-"));
   try {
     const images = createImageStore({ cacheDir, hostsDir: hostPathUnder(files.root, paths.containerdHostsDir), arch: archOf(process.arch), log });
-    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: opts.host ?? hostname(), images, log, provenance: layered.value.provenance });
+    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: agentHostName(opts.host), images, log, provenance: layered.value.provenance });
     if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
     return {
       bytes,

@@ -2,7 +2,6 @@
 // the NodeAgentConfiguration, connects, and runs the controllers until SIGTERM/SIGINT or until the
 // hostname changes (then it exits so that systemd starts it again under the new name).
 import { existsSync, realpathSync } from "node:fs";
-import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { apiServerCa } from "../api/agent-config.ts";
@@ -12,7 +11,7 @@ import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-crede
 import { startCertificateController } from "../controllers/certificate.ts";
 import { startDriftController } from "../controllers/drift.ts";
 import { startHealthController } from "../controllers/health.ts";
-import { startHostnameCheck } from "../controllers/hostname.ts";
+import { agentHostName, startHostnameCheck } from "../controllers/hostname.ts";
 import { startLeaseController } from "../controllers/lease.ts";
 import { startNodeSource } from "../controllers/node-source.ts";
 import { startOscController } from "../controllers/osc/controller.ts";
@@ -64,7 +63,7 @@ export async function run(args: string[]): Promise<number> {
   const log = createLogger({ level: config.logLevel });
   const runtime = runtimeSettings();
   if (runtime.warning) log.warn(runtime.warning, { reason: runtime.reason });
-  const hostName = values.hostname ?? hostname();
+  const hostName = agentHostName(values.hostname);
   const controllers = config.controllers;
   // Held until the process ends: no `trellis apply` or second agent changes the node meanwhile.
   const lock = await lockStateDir(stateLockPath, "run");
@@ -157,7 +156,7 @@ export async function run(args: string[]): Promise<number> {
     startBootstrapCredentialsCleanup({ files, node, store, log }),
     startLeaseController({ kube, node, log, metrics, status }),
     tokens,
-    startHealthController({ systemd, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
+    startHealthController({ systemd, kube, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
     startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),

@@ -8,22 +8,27 @@
 // It also watches the Node's Ready condition: kubelet flapping between NotReady and Ready
 // readinessFlaps times within readinessFlapWindow makes one Warning event per window.
 // (gardener-node-agent reboots the node then; trellis reports and leaves the decision to people.)
+// And, like gardener-node-agent's kubelet check, it restores the Node's InternalIP should kubelet lose
+// it (internal-ip.ts), looking at every update of the Node and at every check.
 import type { V1Node } from "@kubernetes/client-node";
 import type { NodeAgentConfiguration } from "../api/agent-config.ts";
 import { formatDuration, formatElapsed } from "../api/duration.ts";
 import { containerdVersion, defaultContainerdSocket } from "../host/containerd.ts";
 import type { Systemd } from "../host/systemd.ts";
+import type { Kube } from "../kube/client.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
+import { createInternalIpKeeper } from "./internal-ip.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "../loops.ts";
+import { every, singleFlight } from "../loops.ts";
 import { monotonicMs } from "../time.ts";
 
 export const defaultKubeletHealthz = "http://127.0.0.1:10248/healthz";
 
 export type HealthControllerDeps = {
   systemd: Systemd;
+  kube: Kube;
   nodes: NodeSource;
   events: EventRecorder;
   metrics: Registry;
@@ -36,6 +41,8 @@ export type HealthControllerDeps = {
   probeTimeoutMs?: number;
   /** The monotonic clock thresholds and flap windows are measured by. */
   clock?: () => number;
+  /** This host's addresses (default: its interfaces'), for the InternalIP kubelet lost. */
+  hostAddresses?: () => readonly string[];
 };
 
 type Component = "kubelet" | "containerd";
@@ -146,11 +153,20 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
     if (node) await deps.events.record({ node: nodeRef(node), type: "Warning", reason: c.reason, message });
   }
 
+  // ---- the Node's InternalIP: one look at a time, at the Node as it is then
+  const internalIp = createInternalIpKeeper({ ...deps, log });
+  const addresses = singleFlight(async () => {
+    const node = deps.nodes.current();
+    if (!node) return;
+    await internalIp.look(node).catch((err: unknown) => log.error("could not look at the Node's addresses", { error: describeError(err) }));
+  });
+
   // ---- readiness flapping: NotReady → Ready transitions of the Node, from every Node update
   let wasReady = readyOf(deps.nodes.current());
   let becameReady: number[] = [];
   let flapReportedAt: number | undefined;
   const unsubscribe = deps.nodes.subscribe((node) => {
+    addresses.trigger("node updated");
     const ready = readyOf(node);
     if (ready === undefined) return; // kubelet has not reported yet
     if (wasReady === false && ready) noteBecameReady(node);
@@ -196,10 +212,12 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       kubelet: view(checks[0] as Check),
       containerd: view(checks[1] as Check),
       readiness: { becameReadyInWindow: becameReady.filter((t) => at - t < config.readinessFlapWindow).length, window: formatDuration(config.readinessFlapWindow) },
+      ...(internalIp.remembered() !== undefined && { internalIP: internalIp.remembered() }),
     });
   }
 
   const loop = every(config.syncPeriod, async () => {
+    addresses.trigger("health check");
     await Promise.all(
       checks.map((c) =>
         runCheck(c).then(
@@ -218,6 +236,7 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
     stop: async () => {
       unsubscribe();
       await loop.stop();
+      await addresses.stop();
     },
   };
 }

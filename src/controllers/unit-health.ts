@@ -1,7 +1,8 @@
 // The Node condition SystemdUnitsReady, as gardener-node-agent's systemd unit check reports it:
 // every systemdUnitCheck.syncPeriod, each unit trellis manages is asked how it is, and the condition
 // says False/UnhealthyUnits naming every unhealthy unit and why, True/ProgressingUnits while some are
-// still (de)activating within stuckThreshold, True/AllUnitsHealthy otherwise.
+// still (de)activating within stuckThreshold, True/AllUnitsHealthy otherwise. A failed unit counts only
+// when the OSC enables it, as with gardener-node-agent.
 //
 // The units are those of the state file's inventory: after a complete apply, every unit of the
 // applied OSC (host units it only configures included); after a failed one, also those it wrote
@@ -135,6 +136,9 @@ export function assessUnit(unit: string, want: OwnedUnit, s: AssessableStatus, s
   }
   switch (s.activeState) {
     case "failed":
+      // As gardener-node-agent: only a unit the OSC enables is unhealthy when it failed (`command: stop`
+      // alone does not disable it); one it disables may have failed when it was stopped.
+      if (want.enable === false) return healthy;
       return unhealthy(s.result && s.result !== "success" ? `failed (${s.result})` : "failed");
     case "activating":
     case "deactivating":

@@ -1,6 +1,6 @@
 // The agent's own Node: finding it, and the only writes the agent makes to it — labels and
-// annotations (checksum, Kubernetes version, role, zone) and one status condition of its own
-// (SystemdUnitsReady), without disturbing what kubelet and others keep on the same object.
+// annotations (checksum, Kubernetes version, role, zone), status conditions of its own (SystemdUnitsReady …)
+// and a lost InternalIP restored, without disturbing what kubelet and others keep on the same object.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError, KubeError, rethrow } from "./errors.ts";
@@ -85,6 +85,19 @@ export async function patchNodeConditionIfChanged(kube: Kube, node: V1Node, cond
   const existing = node.status?.conditions?.find((c) => c.type === condition.type);
   if (existing?.status === condition.status && existing.reason === condition.reason && existing.message === condition.message) return;
   await patchNodeCondition(kube, node.metadata?.name as string, condition, opts.fresh ? { fresh: node } : {});
+}
+
+/**
+ * Sets the Node's addresses to `ip` as its one InternalIP, as gardener-node-agent restores one kubelet lost:
+ * a JSON merge patch of the status subresource (the list replaced whole) carrying the resourceVersion of
+ * `node`, so that a Node changed since it was read is a 409 (reason "conflict"), not overwritten.
+ */
+export function restoreNodeInternalIP(kube: Kube, node: V1Node, ip: string): Promise<V1Node> {
+  const name = node.metadata?.name as string;
+  const body = { metadata: { resourceVersion: node.metadata?.resourceVersion }, status: { addresses: [{ type: "InternalIP", address: ip }] } };
+  return apiClient(kube, CoreV1Api)
+    .patchNodeStatus({ name, body }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))
+    .catch(rethrow(kube, `restoring the InternalIP ${ip} of Node ${name}`));
 }
 
 /** metav1.Time's wire form: RFC 3339 in whole seconds. */

@@ -3,6 +3,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { parse, stringify } from "yaml";
+import { poolLabel } from "../../src/api/rollout.ts";
 import { type AgentNode, mainPid, nodeEvents, putOscSecret, readNode, registerNode, startAgentNode, waitApplied } from "../harness/agent.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
@@ -181,16 +182,58 @@ test("the bootstrap credentials stay until the Node is registered and kubelet ho
   }
 }, 120_000);
 
-test("a Node that registers only after the first apply (as kubelet's does) still gets the OSCApplied event naming the steps", async () => {
+test("a Node that registers only after the first apply (as kubelet's does) still gets the OSCApplied event naming the steps, and no pool label from the agent", async () => {
   const late = await startAgentNode(cluster, { prefix: "late", secretName: "osc-late", registerNode: false });
   try {
     const checksum = await putOscSecret(cluster, "osc-late", osc("<h1>late</h1>\n"));
     await waitFor("the OSC applied on the node", async () => (await late.node.exec(["systemctl", "is-active", "web.service"])).stdout === "active\n", 30_000);
+    // Registered without the pool's label: it is Gardener's (kubelet's --node-labels, gardenlet), never the agent's.
     await registerNode(late.core, late.name);
-    await waitApplied(late, checksum);
+    const node = await waitApplied(late, checksum);
+    expect(node.metadata?.labels?.[poolLabel]).toBeUndefined();
     const applied = await waitFor("the OSCApplied event", async () => (await nodeEvents(late)).find((e) => e.reason === "OSCApplied"));
     expect(applied.message).toMatch(new RegExp(`^Applied OSC ${checksum.slice(0, 12)}: [1-9]\\d* step\\(s\\)`));
   } finally {
     await late.node.stop();
+  }
+}, 90_000);
+
+/** An OSC of `files` and `units` alone (the web fixture's port is the first node's: these nodes share the host's network). */
+const small = (spec: { files?: unknown[]; units?: unknown[] }) =>
+  stringify({ apiVersion: "extensions.gardener.cloud/v1alpha1", kind: "OperatingSystemConfig", metadata: { name: "small", namespace: "kube-system" }, spec: { type: "debian", purpose: "reconcile", ...spec } });
+const inlineFile = (path: string, hostName?: string) => ({ path, ...(hostName ? { hostName } : {}), permissions: 0o644, content: { inline: { encoding: "", data: `${path}\n` } } });
+
+test("a host whose name has capitals gets the files for its name lower-cased, as gardener-node-agent and kubelet spell it", async () => {
+  const caps = await startAgentNode(cluster, { prefix: "caps", secretName: "osc-caps", start: false });
+  try {
+    const upper = caps.name.toUpperCase();
+    await caps.node.execOk(["hostname", upper]);
+    await caps.node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
+    const checksum = await putOscSecret(cluster, "osc-caps", small({ files: [inlineFile("/etc/caps/everyone"), inlineFile("/etc/caps/mine", caps.name), inlineFile("/etc/caps/as-spelled", upper)] }));
+    await waitApplied(caps, checksum);
+    expect((await caps.node.execOk(["hostname"])).trim()).toBe(upper);
+    expect(await caps.node.readFile("/etc/caps/everyone")).toBe("/etc/caps/everyone\n");
+    expect(await caps.node.readFile("/etc/caps/mine")).toBe("/etc/caps/mine\n");
+    // The OSC's hostName is compared as it is spelled: capitals match no host.
+    expect((await caps.node.exec(["test", "-e", "/etc/caps/as-spelled"])).code).toBe(1);
+  } finally {
+    await caps.node.stop();
+  }
+}, 90_000);
+
+test("the role and zone labels are set before the OSC is applied, as gardener-node-agent sets them: an OSC that fails still sets them", async () => {
+  const zoned = await startAgentNode(cluster, { prefix: "zone", secretName: "osc-zone", start: false });
+  try {
+    await zoned.node.writeFile("/var/lib/gardener-node-agent/zone", "zone-b\n", 0o600);
+    await zoned.node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
+    const broken = { name: "zone-broken.service", command: "start", enable: true, content: "[Service]\nType=oneshot\nExecStart=/bin/false\n[Install]\nWantedBy=multi-user.target\n" };
+    await putOscSecret(cluster, "osc-zone", small({ units: [broken] }));
+    const failed = await waitFor("the OSCApplyFailed event", async () => (await nodeEvents(zoned)).find((e) => e.reason === "OSCApplyFailed"), 30_000);
+    expect(failed.message).toContain("zone-broken.service");
+    const node = await readNode(zoned);
+    expect(node.metadata?.labels).toMatchObject({ "topology.kubernetes.io/zone": "zone-b", "node-role.kubernetes.io/worker": "" });
+    expect(node.metadata?.annotations?.["checksum/cloud-config-data"]).toBeUndefined();
+  } finally {
+    await zoned.node.stop();
   }
 }, 90_000);

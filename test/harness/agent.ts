@@ -6,6 +6,7 @@ import { Buffer } from "node:buffer";
 import { readFileSync } from "node:fs";
 import { CoreV1Api, type CoreV1Event, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
+import { poolLabel } from "../../src/api/rollout.ts";
 import { sha256Hex } from "../../src/api/desired.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { trellisBinary } from "./binary.ts";
@@ -77,7 +78,7 @@ export async function startAgentNode(cluster: Cluster, opts: AgentNodeOptions): 
 
 async function setUpAgent(cluster: Cluster, node: Node, opts: AgentNodeOptions): Promise<AgentNode> {
   const core = cluster.admin().makeApiClient(CoreV1Api);
-  if (opts.registerNode !== false) await registerNode(core, node.name);
+  if (opts.registerNode !== false) await registerNode(core, node.name, opts.secretName);
   const user = nodeAgentUserPrefix + node.name;
   const { kubeconfig } = await userWithRules(cluster, user, opts.rules ?? agentRules([opts.secretName, ...(opts.secretRefs ?? [])]));
   const kubeconfigText = readFileSync(kubeconfig, "utf8");
@@ -112,9 +113,15 @@ ${opts.controllers ?? ""}`,
   return { node, name: node.name, user, core, healthPort, metricsPort };
 }
 
-/** What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP what gardener-node-agent's health check expects of a registered node. */
-export async function registerNode(core: CoreV1Api, name: string): Promise<void> {
-  await core.createNode({ body: { metadata: { name, labels: { "kubernetes.io/hostname": name } } } });
+/**
+ * What kubelet would register: the hostname label is how the agent finds its Node, the InternalIP what
+ * gardener-node-agent's health check expects of a registered node. `secretName`: the pool's OSC Secret, the
+ * label Gardener's kubelet registers the Node with (--node-labels, rendered into the OSC), and gardenlet
+ * rewrites; the agent only reads it.
+ */
+export async function registerNode(core: CoreV1Api, name: string, secretName?: string): Promise<void> {
+  const labels = { "kubernetes.io/hostname": name, ...(secretName ? { [poolLabel]: secretName } : {}) };
+  await core.createNode({ body: { metadata: { name, labels } } });
   // A patch, not read-then-replace: kube-controller-manager writes to a new Node at once (409 Conflict).
   await core.patchNodeStatus({ name, body: { status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
 }

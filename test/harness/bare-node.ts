@@ -7,6 +7,7 @@ import { homedir } from "node:os";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { stringify } from "yaml";
 import { agentUnitContent } from "../../src/api/agent-unit.ts";
+import { poolLabel } from "../../src/api/rollout.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { sha256, writeLayout } from "../../build/oci-layout.ts";
 import { fastCompression, releaseCompression, trellisImageSpec } from "../../build/trellis-image.ts";
@@ -152,7 +153,8 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
     const machine = `machine-${node.name}`;
     const user = nodeAgentUserPrefix + machine;
     const core = cluster.admin().makeApiClient(CoreV1Api);
-    if (!opts.worker) await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name } } } });
+    // A worker's kubelet registers its Node, labelled with the pool's Secret by the OSC's --node-labels.
+    if (!opts.worker) await core.createNode({ body: { metadata: { name: node.name, labels: { "kubernetes.io/hostname": node.name, [poolLabel]: secretName } } } });
     await userWithRules(cluster, user, (opts.peer?.rules ?? agentRules)([secretName, ...(opts.secretRefs ?? [])]));
     const token = await createBootstrapToken(cluster);
     const [healthPort, metricsPort] = [await freePort(), await freePort()];

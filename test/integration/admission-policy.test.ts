@@ -12,7 +12,7 @@ import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
 import { deletePodsOnNode } from "../../src/kube/pods.ts";
-import { patchNodeCondition, patchNodeMetadata } from "../../src/kube/node.ts";
+import { patchNodeCondition, patchNodeMetadata, restoreNodeInternalIP } from "../../src/kube/node.ts";
 import { createSerialGate } from "../../src/kube/serial-gate.ts";
 import { leaseApi } from "../../src/kube/lease-api.ts";
 import { microTime } from "../../src/kube/micro-time.ts";
@@ -101,7 +101,7 @@ function heartbeat(of: Agent, base?: V1Lease): V1Lease {
 describe("an agent writes what trellis writes to its own objects", () => {
   test("its Node's labels and annotations, the zone label once, and the restart annotation removed", async () => {
     await patchNodeMetadata(a.kube, a.name, {
-      labels: { "worker.gardener.cloud/kubernetes-version": "1.35.4", "worker.gardener.cloud/gardener-node-agent-secret-name": pool.a, "node-role.kubernetes.io/worker": "", "topology.kubernetes.io/zone": "zone-1" },
+      labels: { "worker.gardener.cloud/kubernetes-version": "1.35.4", "node-role.kubernetes.io/worker": "", "topology.kubernetes.io/zone": "zone-1" },
       annotations: { "checksum/cloud-config-data": "c1", "trellis.dev/effective-checksum": "c2" },
     });
     await patchNodeMetadata(a.kube, a.name, { annotations: { "trellis.dev/effective-checksum": null } });
@@ -116,6 +116,17 @@ describe("an agent writes what trellis writes to its own objects", () => {
     await admin.patchNode({ name: a.name, body: { metadata: { labels: { "node-role.kubernetes.io/control-plane": "" } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
     await patchNodeMetadata(a.kube, a.name, { labels: { "node-role.kubernetes.io/control-plane": "", "worker.gardener.cloud/kubernetes-version": "1.35.5" } });
     await admin.patchNode({ name: a.name, body: { metadata: { labels: { "node-role.kubernetes.io/control-plane": null } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+  });
+
+  test("its Node's lost InternalIP restored, where it has neither an InternalIP nor an ExternalIP (src/controllers/internal-ip.ts)", async () => {
+    const merge = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
+    const lost = await admin.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "Hostname", address: a.name }] } } }, merge);
+    try {
+      const restored = await restoreNodeInternalIP(a.kube, lost, "10.9.9.9");
+      expect(restored.status?.addresses).toEqual([{ type: "InternalIP", address: "10.9.9.9" }]);
+    } finally {
+      await admin.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } }, merge);
+    }
   });
 
   test("its own conditions", async () => {
@@ -388,6 +399,7 @@ describe("agent A cannot change what it does not own on its own Node", () => {
       ["topology.kubernetes.io/zone", "zone-2"],
       ["topology.kubernetes.io/zone", null],
       ["kubernetes.io/hostname", "node-b"],
+      ["worker.gardener.cloud/gardener-node-agent-secret-name", pool.b],
       ["rollout.trellis.dev/paused", "false"],
       ["node-restriction.kubernetes.io/trusted", "true"],
     ] as const) {
@@ -405,6 +417,16 @@ describe("agent A cannot change what it does not own on its own Node", () => {
     await denied("Ready", patchNodeCondition(a.kube, a.name, { type: "Ready", status: "True", reason: "Forged", message: "forged" }), "may not change condition(s) Ready of Node node-a");
     const status = setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch);
     await denied("addresses", a.core.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "InternalIP", address: "10.9.9.9" }] } } }, status), "may change only conditions in the status of Node node-a");
+    // An InternalIP "restored" over an ExternalIP, or as more than the one address.
+    const external = await admin.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "ExternalIP", address: "198.51.100.1" }] } } }, merge);
+    try {
+      await denied("InternalIP over an ExternalIP", restoreNodeInternalIP(a.kube, external, "10.9.9.9"), "may change only conditions in the status of Node node-a");
+      const lost = await admin.patchNodeStatus({ name: a.name, body: { status: { addresses: [] } } }, merge);
+      const two = [{ type: "InternalIP", address: "10.9.9.9" }, { type: "Hostname", address: "node-a" }];
+      await denied("two addresses", a.core.patchNodeStatus({ name: a.name, body: { metadata: { resourceVersion: lost.metadata?.resourceVersion }, status: { addresses: two } } }, merge), "may change only conditions in the status of Node node-a");
+    } finally {
+      await admin.patchNodeStatus({ name: a.name, body: { status: { addresses: [{ type: "InternalIP", address: "127.0.0.1" }] } } }, merge);
+    }
     await denied("unschedulable", a.core.patchNode({ name: a.name, body: { spec: { unschedulable: true } } }, merge), "may not change the spec of Node node-a");
     await denied("taints", a.core.patchNode({ name: a.name, body: { spec: { taints: [{ key: "x", effect: "NoSchedule" }] } } }, merge), "may not change the spec of Node node-a");
     await denied("finalizers", a.core.patchNode({ name: a.name, body: { metadata: { finalizers: ["example.com/keep"] } } }, merge), "may not change the owners or finalizers of Node node-a");

@@ -8,8 +8,8 @@
 // 127.0.0.1; the stand-in listens on a free port instead of 10248, so parallel tests cannot clash, and
 // that URL is the one thing injected. containerd's socket is reached through /proc/<pid>/root.
 // Thresholds are shortened (sync 200 ms, threshold 1 s) to keep the test quick; the logic is the same.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { CoreV1Api, type CoreV1Event, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
+import { CoreV1Api, type CoreV1Event, PatchStrategy, setHeaderOptions, type V1Node, type V1NodeAddress } from "@kubernetes/client-node";
 import { startHealthController } from "../../src/controllers/health.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
 import type { Controller, NodeSource } from "../../src/controllers/types.ts";
@@ -81,11 +81,12 @@ afterAll(async () => {
 
 
 /** A health controller for `target` with its own metrics and status board. */
-function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: Systemd; nodes?: NodeSource } = {}) {
+function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: Systemd; nodes?: NodeSource; kube?: Kube } = {}) {
   const metrics = createRegistry();
   const status = memoryStatusBoard();
   const controller = startHealthController({
     systemd: overrides.systemd ?? sd,
+    kube: overrides.kube ?? agent,
     nodes: overrides.nodes ?? nodes,
     events: createEventRecorder({ kube: agent, log }),
     metrics,
@@ -296,3 +297,78 @@ function readyOf(n: V1Node | undefined): boolean | undefined {
   const c = n?.status?.conditions?.find((x) => x.type === "Ready");
   return c ? c.status === "True" : undefined;
 }
+
+describe("the Node's InternalIP, restored when kubelet lost it (gardener-node-agent's healthcheck/kubelet.go)", () => {
+  const merge = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
+  const setAddresses = (addresses: V1NodeAddress[]) => core.patchNodeStatus({ name: node.name, body: { status: { addresses } } }, merge);
+  const addressesNow = async () => (await core.readNode({ name: node.name })).status?.addresses;
+  const hostname = { type: "Hostname", address: "kubelet-lost-the-ips" };
+  /** Waits until the controller remembers `ip` (its status board says so). */
+  const remembers = (status: ReturnType<typeof start>["status"], ip: string) =>
+    waitFor(`the controller to remember ${ip}`, () => (status.of("health") as { internalIP?: string } | undefined)?.internalIP === ip, 5_000, 20);
+  const warning = (says: string) => waitFor(`a NodeAddressesMissing Warning saying "${says}"`, async () => (await events("NodeAddressesMissing")).find((e) => e.message?.includes(says)), 5_000, 50);
+  let restorer: Kube;
+
+  beforeAll(async () => {
+    // The agent's rules of docs/rbac.md that this needs: patching the Node's status, and events.
+    ({ kube: restorer } = await userWithRules(cluster, "health-restorer", [
+      { rules: [{ apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch"] }, { apiGroups: [""], resources: ["nodes/status"], verbs: ["patch"] }] },
+      { namespace: "default", rules: [{ apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] }] },
+    ]));
+  });
+  afterEach(async () => {
+    await setAddresses([]);
+  });
+
+  test("lost while still the host's (127.0.0.1, on lo): the addresses become that InternalIP alone, with a Warning and a Normal event", async () => {
+    await setAddresses([{ type: "InternalIP", address: "127.0.0.1" }, hostname]);
+    const { controller, status } = start(node, { kube: restorer });
+    try {
+      await remembers(status, "127.0.0.1");
+      await setAddresses([hostname]);
+      const restored = await waitFor("the InternalIP restored", async () => {
+        const a = await addressesNow();
+        return a?.length === 1 && a[0]?.type === "InternalIP" ? a : undefined;
+      }, 5_000, 20);
+      expect(restored).toEqual([{ type: "InternalIP", address: "127.0.0.1" }]);
+      const missing = await warning("restoring the last one it had, 127.0.0.1, which is still this host's");
+      expect(missing).toMatchObject({ type: "Warning", message: "The Node has neither an InternalIP nor an ExternalIP: restoring the last one it had, 127.0.0.1, which is still this host's." });
+      const [normal] = await waitFor("the NodeInternalIPRestored event", async () => ((await events("NodeInternalIPRestored")).length ? events("NodeInternalIPRestored") : undefined), 5_000, 50);
+      expect(normal).toMatchObject({ type: "Normal", message: "Set the Node's lost InternalIP to 127.0.0.1, the last one it had." });
+    } finally {
+      await controller.stop();
+    }
+  }, 30_000);
+
+  test("lost and no longer the host's (192.0.2.7, a documentation address): said, and the addresses left as they are", async () => {
+    await setAddresses([{ type: "InternalIP", address: "192.0.2.7" }]);
+    const { controller, status } = start(node, { kube: restorer });
+    try {
+      await remembers(status, "192.0.2.7");
+      await setAddresses([hostname]);
+      // The look that made this Warning decided not to restore: the event says why.
+      await warning("the last one it had, 192.0.2.7, is no longer this host's");
+      expect(await addressesNow()).toEqual([hostname]);
+    } finally {
+      await controller.stop();
+    }
+  }, 30_000);
+
+  test("a restore the API server refuses restarts kubelet, which registers its addresses again, and says so", async () => {
+    await setAddresses([{ type: "InternalIP", address: "127.0.0.1" }]);
+    const before = (await kubeletStarts()).length;
+    // The agent's user here may not patch the Node's status: the API server refuses the restore (403).
+    const { controller, status } = start(node, { kube: agent });
+    try {
+      await remembers(status, "127.0.0.1");
+      await setAddresses([hostname]);
+      const [failed] = await waitFor("the NodeInternalIPRestoreFailed event", async () => ((await events("NodeInternalIPRestoreFailed")).length ? events("NodeInternalIPRestoreFailed") : undefined), 5_000, 50);
+      expect(failed?.type).toBe("Warning");
+      expect(failed?.message).toMatch(/^Could not set the Node's InternalIP to 127\.0\.0\.1: restoring the InternalIP 127\.0\.0\.1 of Node health-\S+: forbidden \(403\): .*\. Restarted kubelet\.service\.$/);
+      await waitFor("kubelet restarted", async () => (await kubeletStarts()).length > before, 5_000, 50);
+      expect(await addressesNow()).toEqual([hostname]);
+    } finally {
+      await controller.stop();
+    }
+  }, 30_000);
+});

@@ -6,8 +6,9 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { parseAgentConfig } from "../../src/api/agent-config.ts";
+import { poolLabel } from "../../src/api/rollout.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
-import { secretNameLabel, startSecretNameFollower } from "../../src/controllers/secret-name.ts";
+import { startSecretNameFollower } from "../../src/controllers/secret-name.ts";
 import { createFiles } from "../../src/host/files.ts";
 import type { Kube } from "../../src/kube/client.ts";
 import { createLogger } from "../../src/log.ts";
@@ -55,13 +56,13 @@ test("a Node labelled with a new OSC Secret name: the configuration names it, th
   try {
     await node.found;
     // The name the agent has already, and then another label: the agent saw both updates and did nothing.
-    await label({ [secretNameLabel]: "gardener-node-agent-worker-aaaa" });
+    await label({ [poolLabel]: "gardener-node-agent-worker-aaaa" });
     await label({ unrelated: "x" });
     await waitFor("the Node source sees the second update", () => node.current()?.metadata?.labels?.unrelated === "x");
     expect(restarted).toBeUndefined();
     expect(readFileSync(configFile, "utf8")).toBe(config);
 
-    await label({ [secretNameLabel]: "gardener-node-agent-worker-bbbb" });
+    await label({ [poolLabel]: "gardener-node-agent-worker-bbbb" });
     expect(await waitFor("the agent restarts", () => restarted)).toBe("the OSC Secret's name changed to gardener-node-agent-worker-bbbb");
     const text = readFileSync(configFile, "utf8");
     expect(text).toBe(config.replace("worker-aaaa", "worker-bbbb"));

@@ -161,6 +161,19 @@ test("every unhealthy unit is named: failed, enabled but inactive, active althou
   await allHealthy();
 }, 30_000);
 
+test("a failed unit the OSC disables is not reported, as gardener-node-agent reports only enabled ones", async () => {
+  await systemctl("start", "u-off.service");
+  await systemctl("kill", "--signal=KILL", "u-off.service");
+  await waitFor("u-off.service failed", async () => (await sd.unitStatus("u-off.service")).activeState === "failed", 10_000, 50);
+  // A unit the OSC enables, failed after it: the condition names it alone, so the disabled one was judged healthy.
+  await systemctl("kill", "--signal=KILL", "u-crash.service");
+  await conditionBecomes("False", "UnhealthyUnits", "u-crash.service: failed (signal)");
+  expect((await sd.unitStatus("u-off.service")).activeState).toBe("failed");
+  await systemctl("start", "u-crash.service");
+  await allHealthy();
+  await systemctl("reset-failed", "u-off.service");
+}, 30_000);
+
 test("a unit activating is progressing, then stuck once past stuckThreshold", async () => {
   await node.writeFile("/run/u-slow-hold", "");
   try {

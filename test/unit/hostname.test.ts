@@ -1,7 +1,8 @@
 // src/controllers/hostname.ts with an injected hostname: a changed name restarts the agent once, an
-// unchanged one never, a failing lookup is logged and checked again, and stop() ends the checks.
+// unchanged one (or one whose case alone changed, as gardener-node-agent lower-cases it) never, a failing
+// lookup is logged and checked again, and stop() ends the checks.
 import { expect, test } from "bun:test";
-import { startHostnameCheck } from "../../src/controllers/hostname.ts";
+import { agentHostName, startHostnameCheck } from "../../src/controllers/hostname.ts";
 import { createLogger } from "../../src/log.ts";
 import { waitFor } from "../harness/exec.ts";
 
@@ -51,4 +52,26 @@ test("stop() ends the checks", async () => {
   name = "node-b";
   await Bun.sleep(50);
   expect(restarts()).toBe(0);
+});
+
+test("the agent's hostname is the host's lower-cased (gardener-node-agent's GetHostName), as kubelet labels its Node", () => {
+  expect(agentHostName("Node-A.Example")).toBe("node-a.example");
+  expect(agentHostName("node-a")).toBe("node-a");
+});
+
+test("a change of case alone is no change; a change of name is said lower-cased", async () => {
+  let name = "Node-A";
+  let checks = 0;
+  const { check, lines, restarts } = setUp(() => {
+    checks++;
+    return name;
+  });
+  name = "NODE-a";
+  const after = checks;
+  await waitFor("five checks of the new spelling", () => checks > after + 4, 5_000, 5);
+  expect(restarts()).toBe(0);
+  name = "Node-B";
+  await waitFor("the restart", () => restarts() === 1, 5_000, 5);
+  expect(lines).toContainEqual(expect.objectContaining({ msg: "the hostname changed; restarting the agent to pick it up", from: "node-a", to: "node-b" }));
+  await check.stop();
 });

@@ -28,7 +28,9 @@ const dead: Partial<UnitStatus> = { activeState: "inactive", subState: "dead", m
 const cases: [string, OwnedUnit, Partial<UnitStatus>, Omit<UnitVerdict, "unit">][] = [
   ["running and enabled", enabled, {}, { health: "healthy" }],
   ["failed, with the service's result", enabled, { activeState: "failed", subState: "failed", result: "exit-code" }, { health: "unhealthy", why: "failed (exit-code)" }],
-  ["failed, even when the OSC stops it", { ...enabled, enable: false }, { activeState: "failed", subState: "failed", result: "signal" }, { health: "unhealthy", why: "failed (signal)" }],
+  ["failed, and the OSC disables it (gardener-node-agent reports only enabled units that failed)", { ...enabled, enable: false }, { activeState: "failed", subState: "failed", result: "signal" }, { health: "healthy" }],
+  ["failed, and the OSC stops it but leaves it enabled", { ...enabled, command: "stop" }, { activeState: "failed", subState: "failed", result: "signal" }, { health: "unhealthy", why: "failed (signal)" }],
+  ["failed, enablement not recorded yet (a failed apply wrote it): expected to run", { dropIns: {} }, { activeState: "failed", subState: "failed", result: "exit-code" }, { health: "unhealthy", why: "failed (exit-code)" }],
   ["no unit file", enabled, { loadState: "not-found", ...dead }, { health: "unhealthy", why: "not loaded (not-found)" }],
   ["a unit file systemd rejected", enabled, { loadState: "bad-setting", ...dead }, { health: "unhealthy", why: "not loaded (bad-setting)" }],
   ["masked", enabled, { loadState: "masked", ...dead }, { health: "unhealthy", why: "not loaded (masked)" }],

@@ -29,7 +29,7 @@ import { noted, type OscContext, periodic, result, retryWait, type Wait } from "
 import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
 import { firstHold, type Gates, gatesFor, giveUpSerialLease, holdAfterFailure, serialCoolOffLeft } from "./gates.ts";
 import { finishInPlace, holdInPlace, inPlaceInterrupted } from "./in-place.ts";
-import { invalid, reportFailure, reportSuccess } from "./report.ts";
+import { invalid, labelRoleAndZone, reportFailure, reportSuccess } from "./report.ts";
 import { admit, rollBackPending, toWeigh } from "./rollout.ts";
 import { giveUpLease, saveSerial, serialGate, serialState } from "./serial.ts";
 
@@ -94,6 +94,8 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   // a checksum of its own (`checksum`), for everything else.
   const base = oscChecksum(bytes);
   const parsed = await ctx.parser.parse(bytes, base, source);
+  // Before anything can hold the OSC back or fail it, as gardener-node-agent does.
+  if (parsed.ok) await labelRoleAndZone(ctx, parsed.value);
   const layered = parsed.ok ? layersFor(ctx, secret, parsed.value, bytes, source) : parsed;
   if (!layered.ok) {
     noted(ctx, base);

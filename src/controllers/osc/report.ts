@@ -1,10 +1,11 @@
-// How the OSC controller reports: the Node's checksum annotation and labels, the condition
-// OperatingSystemConfigApplied, and events — each problem once per OSC, a no-op re-check costing no request.
+// How the OSC controller reports: the Node's role and zone labels before an apply, its checksum annotation
+// and Kubernetes version label after one, the condition OperatingSystemConfigApplied, and events — each
+// problem once per OSC, a no-op re-check costing no request.
 import type { V1Node } from "@kubernetes/client-node";
 import type { Desired } from "../../api/desired.ts";
 import { effectiveChecksumAnnotation } from "../../api/layers.ts";
+import type { OperatingSystemConfig } from "../../api/osc.ts";
 import { paths } from "../../api/paths.ts";
-import { poolLabel } from "../../api/rollout.ts";
 import { type ApplyOutcome, summaryOf } from "../../apply/apply.ts";
 import { nodeRef } from "../../kube/events.ts";
 import { patchNodeConditionIfChanged, patchNodeMetadata } from "../../kube/node.ts";
@@ -68,7 +69,7 @@ export async function reportSuccess(ctx: OscContext, current: V1Node | undefined
   // controller again, and that run reports what the apply did, from the state it persisted.
   if (!current) return;
   const name = current.metadata?.name as string;
-  const wanted = await nodeMetadata(ctx, ids, desired);
+  const wanted = nodeMetadata(ctx, ids);
   const have = { ...current.metadata?.labels, ...current.metadata?.annotations };
   const firstReport = (have[effectiveChecksumAnnotation] ?? have[annotations.appliedChecksum]) !== checksum;
   // A no-op re-check costs no API request (null: a key that must be absent). The patched Node, as the
@@ -95,20 +96,38 @@ async function persistedSummary(ctx: OscContext, checksum: string): Promise<{ st
   return last?.checksum === checksum && last.steps !== undefined ? { steps: last.steps, restarted: last.restarted ?? [] } : undefined;
 }
 
-async function nodeMetadata(ctx: OscContext, ids: Checksums, desired: Desired) {
-  const controlPlane = desired.files.some((f) => f.path === apiServerManifest);
-  const zone = await ctx.deps.files.read(paths.zone).catch(() => undefined);
-  const zoneName = zone ? new TextDecoder().decode(zone).trim() : "";
+// As gardener-node-agent after an apply: the checksum and the Kubernetes version. The pool's label
+// (worker.gardener.cloud/gardener-node-agent-secret-name) is Gardener's: kubelet registers the Node with
+// it (--node-labels of the OSC), gardenlet rewrites it when the pool's Secret is renamed, and trellis only
+// reads it (secret-name.ts), as gardener-node-agent does.
+function nodeMetadata(ctx: OscContext, ids: Checksums) {
   return {
     annotations: { [annotations.appliedChecksum]: ids.base, [effectiveChecksumAnnotation]: ids.checksum === ids.base ? null : ids.checksum },
-    labels: {
-      [labels.kubernetesVersion]: ctx.deps.kubernetesVersion,
-      // The pool a disruption budget counts (Gardener's kubelet sets the same label on its nodes).
-      [poolLabel]: ctx.deps.secretName,
-      [controlPlane ? labels.controlPlane : labels.worker]: "",
-      ...(zoneName ? { [labels.zone]: zoneName } : {}),
-    },
+    labels: { [labels.kubernetesVersion]: ctx.deps.kubernetesVersion },
   };
+}
+
+/**
+ * The role and zone labels, as gardener-node-agent sets them at the start of every reconcile of an OSC it
+ * could decode, before the checksum is compared and anything applied (so an OSC that fails to apply does not
+ * leave a stale zone): node-role.kubernetes.io/control-plane when spec.files holds kube-apiserver's static
+ * pod manifest (whichever host a file names), else node-role.kubernetes.io/worker; the other role label is
+ * left as it is. topology.kubernetes.io/zone: the zone file's content, trimmed (empty too), when there is
+ * one; a zone file that cannot be read fails the reconcile, and so does the patch.
+ */
+export async function labelRoleAndZone(ctx: OscContext, osc: OperatingSystemConfig): Promise<void> {
+  const current = ctx.deps.node.current();
+  if (!current) return;
+  const controlPlane = (osc.spec.files ?? []).some((f) => f.path === apiServerManifest);
+  const zone = await ctx.deps.files.read(paths.zone);
+  const wanted: Record<string, string> = {
+    [controlPlane ? labels.controlPlane : labels.worker]: "",
+    ...(zone ? { [labels.zone]: new TextDecoder().decode(zone).trim() } : {}),
+  };
+  const have = current.metadata?.labels ?? {};
+  if (Object.entries(wanted).every(([k, v]) => have[k] === v)) return;
+  ctx.log.info("setting the Node's role and zone labels", { labels: wanted });
+  await patchNodeMetadata(ctx.deps.kube, current.metadata?.name as string, { labels: wanted });
 }
 
 /** `fresh`: `current` is the server's answer to this agent's own write just now (see patchNodeConditionIfChanged). */
