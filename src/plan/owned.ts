@@ -18,7 +18,7 @@ export function ownedAfter(owned: Owned, step: Step): Owned {
     case "write":
       if (step.target.type === "file") next.files[step.path] = { sha256: step.sha256, mode: step.mode };
       else if (step.target.type === "unit") unit(step.target.unit).sha256 = step.sha256;
-      else if (step.target.type === "drop-in") unit(step.target.unit).dropIns[step.target.name] = step.sha256;
+      else unit(step.target.unit).dropIns[step.target.name] = step.sha256;
       break;
     case "remove":
       if (step.target.type === "file") delete next.files[step.path];
