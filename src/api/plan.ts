@@ -4,17 +4,20 @@
 import * as v from "valibot";
 import { object } from "./shapes.ts";
 
-const TargetSchema = v.variant("type", [
+const targets = [
   v.object({ type: v.literal("file") }),
   v.object({ type: v.literal("unit"), unit: v.string() }),
   v.object({ type: v.literal("drop-in"), unit: v.string(), name: v.string() }),
-]);
+] as const;
+const TargetSchema = v.variant("type", [...targets]);
+/** What a removal may also take: a unit's whole drop-in directory, whoever wrote what is in it. */
+const RemoveTargetSchema = v.variant("type", [...targets, v.object({ type: v.literal("drop-ins"), unit: v.string() })]);
 
 const unitStep = <K extends string>(kind: K) => v.object({ kind: v.literal(kind), unit: v.string(), reason: v.string() });
 
 export const StepSchema = v.variant("kind", [
   v.object({ kind: v.literal("write"), target: TargetSchema, path: v.string(), mode: v.number(), sha256: v.string(), reason: v.string() }),
-  v.object({ kind: v.literal("remove"), target: TargetSchema, path: v.string(), reason: v.string() }),
+  v.object({ kind: v.literal("remove"), target: RemoveTargetSchema, path: v.string(), reason: v.string() }),
   v.object({ kind: v.literal("daemon-reload"), reason: v.string() }),
   unitStep("enable"),
   unitStep("disable"),
@@ -24,6 +27,6 @@ export const StepSchema = v.variant("kind", [
 
 export const PlanSchema = object({ checksum: v.string(), steps: v.array(StepSchema) });
 
-export type Target = v.InferOutput<typeof TargetSchema>;
+export type Target = v.InferOutput<typeof RemoveTargetSchema>;
 export type Step = v.InferOutput<typeof StepSchema>;
 export type Plan = v.InferOutput<typeof PlanSchema>;

@@ -17,6 +17,8 @@ export const OwnedSchema = object({
       enable: v.optional(v.boolean()),
       /** The OSC's command when last applied: "stop" → "start" must start the unit again. */
       command: v.optional(v.picklist(["start", "restart", "stop"])),
+      /** unitSpecDigest of the unit when last applied: any difference makes it a changed unit, as in gardener-node-agent. */
+      spec: v.optional(v.string()),
       dropIns: record(v.string(), v.string()),
     }),
   ),

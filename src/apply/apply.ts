@@ -157,6 +157,11 @@ async function runStep(step: Step, desired: Desired, deps: ApplyDeps): Promise<v
     case "write":
       return deps.files.writeAtomic(step.path, contentFor(step, desired), step.mode);
     case "remove":
+      // Idempotent, so a removal that a crash cut short is finished by the resumed plan.
+      if (step.target.type === "drop-ins") {
+        await deps.files.removeTree(step.path);
+        return;
+      }
       await deps.files.remove(step.path);
       if (step.target.type === "drop-in") await deps.files.removeDirIfEmpty(dropInDir(step.target.unit));
       // A registry removed from the OSC takes its certs.d directory along (containerd would still

@@ -15,11 +15,12 @@ import type { Provenance } from "../api/layers.ts";
 import { managesContainerd, type RegistryConfig } from "../api/cri-config.ts";
 import type { OperatingSystemConfig } from "../api/osc.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
+import { containerdVersion, defaultContainerdSocket } from "../host/containerd.ts";
 import { caCertPath, containerdDefaultConfig, probeRegistryHosts } from "../host/containerd-defaults.ts";
-import { FileError, type Files } from "../host/files.ts";
+import { FileError, type Files, hostPathUnder } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { describeError, type Logger } from "../log.ts";
-import { containerdConfigFile, containerdDesired, hostsTomlPath, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
+import { containerdConfigFile, type ContainerdDesired, containerdDesired, hostsTomlPath, needsContainerdVersion, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
 import { withContainerd } from "../plan/with-containerd.ts";
 
 export type SecretData = Readonly<Record<string, Uint8Array>>;
@@ -36,26 +37,31 @@ export type NodeInputs = {
   signal?: AbortSignal;
   /** Where each unit and file came from, when the Secret's overlays were layered onto the OSC. */
   provenance?: Provenance;
+  /** Asks the node's containerd for its version; default: its API on /run/containerd/containerd.sock under the root. */
+  containerdVersion?: () => Promise<string>;
 };
 
 /** At most this many images are fetched at once: enough to overlap round trips, few enough for a small node. */
 const imageConcurrency = 4;
 
 /**
- * `retry`: an image could not be fetched, which a registry coming back can fix without an OSC change.
+ * `retry`: an image could not be fetched, or containerd did not say its version: a registry or containerd
+ * coming back can fix that without an OSC change.
  * `waitingFor`: registries whose mirrors did not pass their readiness probe yet (applied without them).
  */
 export type NodeDesired = { ok: true; value: Desired; waitingFor: string[] } | { ok: false; errors: string[]; retry: boolean };
 
 /** How long a registry's readiness probe may take per host. */
 const probeTimeoutMs = 5_000;
+/** How long containerd may take to say its version. */
+const versionTimeoutMs = 10_000;
 
 export async function desiredForNode(osc: OperatingSystemConfig, source: string, inputs: NodeInputs): Promise<NodeDesired> {
   const secrets = new Map<string, SecretData | undefined>();
   for (const name of secretRefsOf(osc, inputs.hostName)) secrets.set(name, await inputs.readSecret?.(name));
   const criWhere = `${source}: spec.criConfig`;
   const cd = await containerdFor(osc, criWhere, inputs);
-  if (cd && !cd.ok) return { ok: false, errors: cd.errors, retry: false };
+  if (cd && !cd.ok) return cd;
   // The OSC's own mirrors serve its images, also on the first apply that writes them.
   const hostsToml = new Map(cd?.value.hostsFiles.map((h) => [h.upstream, h.content]));
   const images = await fetchImages(osc, inputs, hostsToml);
@@ -114,22 +120,35 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
 /** "/a/b/c" → ["/a", "/a/b"]. */
 const ancestorsOf = (path: string) => path.split("/").slice(1, -1).map((_, i, segs) => `/${segs.slice(0, i + 1).join("/")}`);
 
-async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs) {
+async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs): Promise<{ ok: true; value: ContainerdDesired } | { ok: false; errors: string[]; retry: boolean } | undefined> {
   const cri = osc.spec.criConfig;
   if (!managesContainerd(cri)) return undefined;
   const ready = await readyRegistries(cri.containerd.registries ?? [], `${where}.containerd.registries`, inputs);
-  if (ready.errors.length > 0) return { ok: false as const, errors: ready.errors };
+  if (ready.errors.length > 0) return { ok: false, errors: ready.errors, retry: false };
   const bytes = await inputs.files.read(containerdConfigFile);
   const current = bytes ? new TextDecoder().decode(bytes) : undefined;
-  return containerdDesired(
+  const defaultConfig = needsDefaultConfig(current) ? (await containerdDefaultConfig({ log: inputs.log })).config : "";
+  let version: string | undefined;
+  if (needsContainerdVersion(current, defaultConfig)) {
+    // As gardener-node-agent, through containerd's API: the daemon that will read the file, not a binary on PATH.
+    const ask = inputs.containerdVersion ?? (() => containerdVersion(hostPathUnder(inputs.files.root, defaultContainerdSocket), versionTimeoutMs).then((v) => v.version));
+    try {
+      version = await ask();
+    } catch (err) {
+      return { ok: false, errors: [`${where}: containerd's version is needed to choose between cni.bin_dir and cni.bin_dirs: ${describeError(err)}`], retry: true };
+    }
+  }
+  const cd = containerdDesired(
     {
       criConfig: cri,
       ...(current !== undefined ? { current } : {}),
-      defaultConfig: needsDefaultConfig(current) ? (await containerdDefaultConfig({ log: inputs.log })).config : "",
+      defaultConfig,
       readyRegistries: ready.ready,
+      ...(version !== undefined ? { containerdVersion: version } : {}),
     },
     where,
   );
+  return cd.ok ? cd : { ...cd, retry: false };
 }
 
 // A registry is probed until its hosts.toml was written once; after that a mirror that is briefly

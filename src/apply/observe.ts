@@ -1,7 +1,8 @@
-// Reads what the plan needs to know about the node: the hash and mode of every path it may touch,
-// and, when systemd is at hand, the units' enablement and activity.
+// Reads what the plan needs to know about the node: the hash and mode of every path it may touch, which
+// units without drop-ins in the OSC have a drop-in directory all the same, and, when systemd is at
+// hand, the units' enablement and activity.
 import type { Desired } from "../api/desired.ts";
-import { dropInPath, unitFilePath } from "../api/paths.ts";
+import { dropInDir, dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
@@ -27,10 +28,12 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     if (seen.landsAt !== path) landsAt.set(path, seen.landsAt);
     observedFiles.set(path, seen.file ? { sha256: seen.file.sha256, mode: seen.file.mode } : null);
   }
-  if (!systemd) return { files: observedFiles, landsAt };
+  const dropInDirs = new Set<string>();
+  for (const u of desired.units) if (u.dropIns.length === 0 && (await files.stat(dropInDir(u.name)))) dropInDirs.add(u.name);
+  if (!systemd) return { files: observedFiles, landsAt, dropInDirs };
   const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
   for (const [name, s] of await systemd.unitStates([...units])) observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });
-  return { files: observedFiles, landsAt, units: observedUnits };
+  return { files: observedFiles, landsAt, dropInDirs, units: observedUnits };
 }
 
 /** Hash and mode of the regular file at `path`; undefined when there is none. */

@@ -17,7 +17,7 @@
 // written.
 import { createHash, randomBytes } from "node:crypto";
 import { constants, type Stats } from "node:fs";
-import { lstat, mkdir, open, readdir, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { lstat, mkdir, open, readdir, readFile, readlink, rename, rmdir, unlink, type FileHandle } from "node:fs/promises";
 import { resolve } from "node:path";
 import { nodePathProblem } from "../api/paths.ts";
 import { processAlive } from "./process.ts";
@@ -97,6 +97,17 @@ export interface Files {
   remove(path: string): Promise<boolean>;
   /** Removes a directory only if it is empty; returns whether it did. A non-directory is a FileError. */
   removeDirIfEmpty(path: string): Promise<boolean>;
+  /**
+   * Removes what is at `path`, a directory with everything below it (as `rm -rf --one-file-system`, or
+   * Go's os.RemoveAll); false if nothing was there. Nothing is ever followed: each directory is opened
+   * (O_NOFOLLOW) through its open parent and emptied through that descriptor, so an entry swapped for a
+   * symlink meanwhile is removed as the link. A directory is emptied only if no other user can put
+   * entries in it (owned by root, not writable by others): else another user could move in what is not
+   * theirs to have removed (a directory of a third user) and have root remove it. Such a directory, one
+   * on another mount (a bind mount included) or one deeper than maxTreeDepth is a FileError, and its
+   * parents stay. Idempotent: what a removal killed midway left is removed by the next call.
+   */
+  removeTree(path: string): Promise<boolean>;
   /** Names in a directory, sorted; [] if it is missing. */
   list(dir: string): Promise<string[]>;
   /**
@@ -194,6 +205,9 @@ const racyNs = 1_000_000_000n;
 
 /** The kernel follows at most 40 symlinks in one lookup; so does the resolution here. */
 const maxSymlinks = 40;
+
+/** removeTree holds one descriptor per level: a tree deeper than this is refused, not a reason to run out of them. */
+export const maxTreeDepth = 32;
 
 
 // Every lookup goes through a directory trellis holds open and has checked: the kernel resolves
@@ -645,6 +659,77 @@ export function createFiles(rootDir = "/"): Files {
 
   const notADirectory = (node: string) => `a parent is not a directory (ENOTDIR): ${node}`;
 
+  /**
+   * Removes entry `name` of the open directory `dir` (a directory emptied first, through its own open
+   * descriptor); false if it was not there. `mount`: the mount the tree is on; `depth`: levels below the top.
+   */
+  async function removeEntry(op: string, path: string, dir: Dir, name: string, mount: string, depth: number): Promise<boolean> {
+    const node = child(dir.node, name);
+    let st: Stats | undefined;
+    try {
+      st = await lstatIfAny(via(dir, name));
+    } catch (err) {
+      throw fail(op, path, `${node}: ${describe(err)}`, err);
+    }
+    if (st === undefined) return false;
+    if (!st.isDirectory()) return unlinkEntry(op, path, dir, name);
+    if (depth >= maxTreeDepth) throw fail(op, path, `${node} is more than ${maxTreeDepth} levels deep: trellis does not remove it`);
+    let fh: FileHandle;
+    try {
+      fh = await open(via(dir, name), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    } catch (err) {
+      // Swapped for a symlink or a file since the lstat: that is removed, not followed.
+      if (errno(err) === "ELOOP" || errno(err) === "ENOTDIR") return unlinkEntry(op, path, dir, name);
+      if (errno(err) === "ENOENT") return false;
+      throw fail(op, path, `opening directory ${node}: ${describe(err)}`, err);
+    }
+    try {
+      const sub: Dir = { fh, st: await fh.stat(), node };
+      const trusted = trustedUids as Set<number>; // set by openRoot, before any walk
+      if (!trusted.has(sub.st.uid)) throw fail(op, path, `${node} is owned by uid ${sub.st.uid}, not root: trellis does not remove what others may have put there`);
+      if (sub.st.mode & 0o002 || (sub.st.mode & 0o020 && !trusted.has(sub.st.gid))) throw fail(op, path, `${node} is writable by other users: trellis does not remove what others may have put there`);
+      if ((await mountOf(op, path, sub)) !== mount) throw fail(op, path, `${node} is a mount point: trellis does not remove what is on another mount`);
+      let names: string[];
+      try {
+        names = await readdir(via(sub, "."));
+      } catch (err) {
+        throw fail(op, path, `listing ${node}: ${describe(err)}`, err);
+      }
+      for (const entry of names.sort()) await removeEntry(op, path, sub, entry, mount, depth + 1);
+    } finally {
+      await fh.close();
+    }
+    try {
+      await rmdir(via(dir, name));
+    } catch (err) {
+      if (errno(err) === "ENOENT") return false;
+      throw fail(op, path, `removing directory ${node}: ${describe(err)}`, err);
+    }
+    return true;
+  }
+
+  async function unlinkEntry(op: string, path: string, dir: Dir, name: string): Promise<boolean> {
+    try {
+      await unlink(via(dir, name));
+      return true;
+    } catch (err) {
+      if (errno(err) === "ENOENT") return false;
+      throw fail(op, path, `removing ${child(dir.node, name)}: ${describe(err)}`, err);
+    }
+  }
+
+  /** The mount an open directory is on (the kernel's mnt_id, which tells a bind mount from its source too). */
+  async function mountOf(op: string, path: string, dir: Dir): Promise<string> {
+    try {
+      const info = await readFile(`/proc/self/fdinfo/${dir.fh.fd}`, "utf8");
+      const m = /^mnt_id:\s*(\d+)$/m.exec(info);
+      if (m) return m[1] as string;
+    } catch (err) {
+      throw fail(op, path, `reading the mount of ${dir.node}: ${describe(err)}`, err);
+    }
+    throw fail(op, path, `reading the mount of ${dir.node}: no mnt_id in /proc/self/fdinfo`);
+  }
+
   return {
     root,
 
@@ -748,6 +833,17 @@ export function createFiles(rootDir = "/"): Files {
         }
         await syncDir("removeDirIfEmpty", path, place.dir);
         return true;
+      });
+      return removed ?? false;
+    },
+
+    async removeTree(path) {
+      const op = "removeTree";
+      if (path === "/") throw fail(op, path, "cannot remove the root directory");
+      const removed = await at(op, path, { follow: false, create: false }, async (place) => {
+        const gone = await removeEntry(op, path, place.dir, place.name, await mountOf(op, path, place.dir), 0);
+        if (gone) await syncDir(op, path, place.dir); // journaled in order: the entries below went before it
+        return gone;
       });
       return removed ?? false;
     },

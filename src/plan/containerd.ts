@@ -1,18 +1,28 @@
 // containerd's configuration from the OSC's spec.criConfig, as gardener-node-agent makes it: config.toml
 // is the file on disk (else containerd's default) with a few settings patched in, one hosts.toml per
 // registry under /etc/containerd/certs.d, and a drop-in that puts /var/bin/containerruntimes on
-// containerd's PATH. Pure: the caller reads the current file and the default config, probes the
-// registries, writes what this returns and restarts containerd only when config.toml changed.
+// containerd's PATH. Pure: the caller reads the current file and the default config, asks containerd for
+// its version when the config needs it (needsContainerdVersion), probes the registries, writes what this
+// returns and restarts containerd only when config.toml changed.
+//
+// As gardener-node-agent (containerd_config.go): a file without `version` is config version 1 and gets
+// version 2's keys; a plugin's `add` replaces each top-level key of `values` at its path (a table given
+// there replaces the whole table: a nested key an extension dropped goes), null removes the key, tables
+// missing on the way are created, for `remove` too; the CNI directory is `bin_dirs` when the config is
+// version 3+ and containerd says it is 2.2 or newer, else `bin_dir`.
 //
 // Differences from gardener-node-agent, on purpose:
 // - A config.toml that means the same after patching is returned byte for byte, so the caller sees no
 //   change and does not restart containerd (GNA rewrites the file and restarts containerd whenever the
 //   OSC's containerd settings change, whether or not the file does).
-// - Version 1 files (no `version`) are refused rather than patched with version 2 keys.
-// - `add` merges `values` deeply (GNA replaces each top-level key of `values`), `null` removes a key.
-// - `remove` of a path that does not exist leaves the file alone (GNA creates the parent tables).
+// - An empty file (or only comments) is patched from containerd's default, as a missing one: GNA patches
+//   it as version 1, whose CRI settings containerd 1.x reads only from [plugins.cri], so none would apply.
+// - A whole number in plugin values is written as a TOML integer: GNA writes every JSON number as a float
+//   (`3.0`), and containerd 1.6 refuses to start on a float where it wants an integer.
 // - registry.mirrors / configs.*.tls next to config_path are an error here: containerd's CRI plugin
 //   refuses to start with both, which GNA finds out only when the node stops running pods.
+// - containerd is asked for its version only when the config is version 3+ (where the answer matters);
+//   GNA asks on every reconcile and fails it while containerd does not answer.
 // - The drop-in's PATH is fixed, not the agent's own environment, so it cannot flap between runs.
 //
 // smol-toml: containerd's keys are dotted plugin IDs ("io.containerd.grpc.v1.cri") that must be quoted
@@ -47,6 +57,8 @@ export type ContainerdInputs = {
   readyRegistries?: ReadonlySet<string>;
   /** PATH after /var/bin/containerruntimes in containerd's drop-in (default: systemd's default PATH). */
   servicePath?: string;
+  /** The version containerd's API reports ("2.2.1", "1.6.20~ds1"); required where needsContainerdVersion says so. */
+  containerdVersion?: string;
 };
 
 export type HostsFile = { upstream: string; path: string; content: string };
@@ -56,8 +68,10 @@ export type ContainerdDesired = {
   configToml: string;
   /** configToml differs from `current` (or there was none): write it and restart containerd. */
   configChanged: boolean;
-  /** The config version patched (2: containerd 1.x, 3: 2.0–2.2, 4: 2.3+). */
+  /** The config version patched (1: no `version`, 2: containerd 1.x, 3: 2.0–2.2, 4: 2.3+). */
   configVersion: ConfigVersion;
+  /** What containerd may not act on although it is written; reported as the OSC's unsupported parts. */
+  notes: string[];
   /** /etc/containerd/certs.d/<upstream>/hosts.toml (0644). containerd reads them per pull: no restart. */
   hostsFiles: HostsFile[];
   /** Waiting for their readiness probe: leave whatever is on disk for them as it is until then. */
@@ -70,23 +84,21 @@ export type ContainerdDesired = {
   envDropIn: { unit: "containerd.service"; name: "30-env_config.conf"; content: string };
 };
 
-export type ConfigVersion = 2 | 3 | 4;
+export type ConfigVersion = 1 | 2 | 3 | 4;
 
 type TomlValue = string | number | bigint | boolean | TomlDate | TomlValue[] | Table;
 type Table = { [key: string]: TomlValue };
-/** Plugin values as given: like a table, but null marks a key to remove. */
-type Patch = { [key: string]: TomlValue | Patch | null };
 
 const cri2 = ["plugins", "io.containerd.grpc.v1.cri"];
 const images3 = ["plugins", "io.containerd.cri.v1.images"];
 const runtime3 = ["plugins", "io.containerd.cri.v1.runtime"];
 
-// Where each setting lives per config version (Gardener's containerdConfigPaths; 4 = 3).
+// Where each setting lives per config version (Gardener's containerdConfigPaths; 1 = 2, 4 = 3).
 const layout = {
   2: { registry: [...cri2, "registry"], sandbox: [...cri2, "sandbox_image"], runc: [...cri2, "containerd", "runtimes", "runc", "options"], cni: [...cri2, "cni"] },
   3: { registry: [...images3, "registry"], sandbox: [...images3, "pinned_images", "sandbox"], runc: [...runtime3, "containerd", "runtimes", "runc", "options"], cni: [...runtime3, "cni"] },
 } as const;
-const layoutOf = (v: ConfigVersion) => layout[v === 2 ? 2 : 3];
+const layoutOf = (v: ConfigVersion) => layout[v < 3 ? 2 : 3];
 
 // Extensions written for version 2 name runtimes under the old CRI plugin; on 3+ they live in the runtime
 // plugin. Gardener rewrites exactly this prefix, and so does trellis.
@@ -160,14 +172,33 @@ export function needsDefaultConfig(current: string | undefined): boolean {
   return doc !== undefined && !holdsSettings(doc);
 }
 
-function patchConfig(input: ContainerdInputs, where: string, errors: string[]): { configToml: string; configChanged: boolean; configVersion: ConfigVersion } | undefined {
-  const currentDoc = input.current === undefined ? undefined : parseToml(input.current, containerdConfigFile, errors);
-  if (input.current !== undefined && !currentDoc) return undefined;
-  const useCurrent = currentDoc !== undefined && holdsSettings(currentDoc);
-  const label = useCurrent ? containerdConfigFile : "containerd's default config";
-  // Parsed again to patch a copy: currentDoc stays as on disk for the comparison at the end.
-  const doc = parseToml(useCurrent ? (input.current as string) : input.defaultConfig, label, errors);
-  if (!doc) return undefined;
+/**
+ * Whether containerdDesired needs containerd's version (ContainerdInputs.containerdVersion) to patch this
+ * config: only version 3+ has the choice between bin_dir and bin_dirs. A config that does not parse or has
+ * a bad version needs none: its error is reported.
+ */
+export function needsContainerdVersion(current: string | undefined, defaultConfig: string): boolean {
+  const base = baseConfig(current, defaultConfig, []);
+  const version = base && configVersion(base.doc, base.label, []);
+  return version !== undefined && version >= 3;
+}
+
+/** The config that is patched: the file on disk, or containerd's default when there is none or it is empty. */
+function baseConfig(current: string | undefined, defaultConfig: string, errors: string[]): { doc: Table; label: string; useCurrent: boolean } | undefined {
+  const currentDoc = current === undefined ? undefined : parseToml(current, containerdConfigFile, errors);
+  if (current !== undefined && !currentDoc) return undefined;
+  if (currentDoc && holdsSettings(currentDoc)) return { doc: currentDoc, label: containerdConfigFile, useCurrent: true };
+  const label = "containerd's default config";
+  const doc = parseToml(defaultConfig, label, errors);
+  return doc && { doc, label, useCurrent: false };
+}
+
+function patchConfig(input: ContainerdInputs, where: string, errors: string[]): { configToml: string; configChanged: boolean; configVersion: ConfigVersion; notes: string[] } | undefined {
+  const base = baseConfig(input.current, input.defaultConfig, errors);
+  if (!base) return undefined;
+  const { doc, label, useCurrent } = base;
+  // Parsed again for the comparison at the end: the patches change `doc` in place.
+  const currentDoc = useCurrent ? parseToml(input.current as string, label, []) : undefined;
   const version = configVersion(doc, label, errors);
   if (version === undefined) return undefined;
 
@@ -186,15 +217,18 @@ function patchConfig(input: ContainerdInputs, where: string, errors: string[]): 
   if (sandbox) setValue(doc, at(l.sandbox), sandbox);
 
   // Gardener's CNI plugins live in /opt/cni/bin (Debian's containerd 2 defaults to /usr/lib/cni), so GNA
-  // sets it too. Where the file has bin_dirs (containerd 2.1+ prints it; 2.2 deprecates bin_dir and
-  // refuses both set), that is the key; version 4 means containerd 2.3+.
+  // sets it too. containerd 2.2 deprecates bin_dir for the list bin_dirs and refuses both set to
+  // different directories; gardener-node-agent switches by the running containerd's version.
   const cni = ensureTable(doc, at(l.cni));
-  if (cni) {
-    if (version >= 4 || Object.hasOwn(cni, "bin_dirs")) {
+  if (cni && version >= 3) {
+    const atLeast22 = input.containerdVersion === undefined ? undefined : containerdAtLeast22(input.containerdVersion);
+    if (input.containerdVersion === undefined) errors.push(`${label}: version ${version}: containerd's version is needed to choose between cni.bin_dir and cni.bin_dirs, and was not given`);
+    else if (atLeast22 === undefined) errors.push(`containerd's version: "${input.containerdVersion}" (as its API reports it) is not a version x.y.z; needed to choose between cni.bin_dir and cni.bin_dirs`);
+    else if (atLeast22) {
       setKey(cni, "bin_dirs", [cniBinDir]);
       delete cni.bin_dir;
     } else setKey(cni, "bin_dir", cniBinDir);
-  }
+  } else if (cni) setKey(cni, "bin_dir", cniBinDir);
 
   if (cri.cgroupDriver) {
     setValue(doc, at([...l.runc, "SystemdCgroup"]), cri.cgroupDriver === "systemd");
@@ -210,8 +244,27 @@ function patchConfig(input: ContainerdInputs, where: string, errors: string[]): 
   checkNoLegacyRegistry(doc, l.registry, label, errors);
   if (errors.length > before) return undefined;
 
-  if (useCurrent && deepEqual(doc, currentDoc)) return { configToml: input.current as string, configChanged: false, configVersion: version };
-  return { configToml: stringify(doc, { numbersAsFloat: true }), configChanged: true, configVersion: version };
+  const notes =
+    version === 1
+      ? [
+          `${where}: ${label} has no \`version\`, so containerd reads it as config version 1: trellis patches it as gardener-node-agent does (under plugins."io.containerd.grpc.v1.cri"), which containerd 2.x reads but containerd 1.x does not (it takes version 1's CRI settings from [plugins.cri] only); add \`version = 2\` to the file for containerd 1.x`,
+        ]
+      : [];
+  if (useCurrent && deepEqual(doc, currentDoc)) return { configToml: input.current as string, configChanged: false, configVersion: version, notes };
+  return { configToml: stringify(doc, { numbersAsFloat: true }), configChanged: true, configVersion: version, notes };
+}
+
+/**
+ * gardener-node-agent's test of the version containerd's API reports (VersionGreaterThanEqual22): every
+ * "v" dropped and the rest cut at the first "-", "+" or "~" (Debian's "1.6.20~ds1"), then compared as
+ * semver with ">= 2.2". Undefined when what is left is not a version (GNA's reconcile fails then).
+ */
+export function containerdAtLeast22(version: string): boolean | undefined {
+  const core = version.replaceAll("v", "").split(/[-+~]/)[0] ?? "";
+  const m = /^(\d+)(?:\.(\d+))?(?:\.(\d+))?$/.exec(core);
+  if (!m) return undefined;
+  const major = Number(m[1]);
+  return major > 2 || (major === 2 && Number(m[2] ?? 0) >= 2);
 }
 
 function parseToml(text: string, label: string, errors: string[]): Table | undefined {
@@ -224,15 +277,13 @@ function parseToml(text: string, label: string, errors: string[]): Table | undef
   }
 }
 
+// gardener-node-agent's getContainerdConfigFileVersion: no `version` is version 1, else an integer 1–4.
 function configVersion(doc: Table, label: string, errors: string[]): ConfigVersion | undefined {
   const v = doc.version;
-  if (v === undefined) {
-    errors.push(`${label}: version: missing, i.e. containerd's config version 1, which trellis does not patch; want version 2 (containerd 1.x) or 3 (containerd 2.x)`);
-    return undefined;
-  }
+  if (v === undefined) return 1;
   const n = typeof v === "bigint" ? Number(v) : v;
-  if (n === 2 || n === 3 || n === 4) return n;
-  errors.push(`${label}: version: ${String(v)} is not supported; want 2 (containerd 1.x), 3 (containerd 2.0–2.2) or 4 (containerd 2.3+)`);
+  if (n === 1 || n === 2 || n === 3 || n === 4) return n;
+  errors.push(`${label}: version: ${String(v)} is not supported; want 1 or none, 2 (containerd 1.x), 3 (containerd 2.0–2.2) or 4 (containerd 2.3+)`);
   return undefined;
 }
 
@@ -252,35 +303,39 @@ function checkNoLegacyRegistry(doc: Table, registryPath: readonly string[], labe
 
 // --- plugin operations -------------------------------------------------------------------------------
 
+// Gardener's API validation refuses these (validateContainerdPluginConfigs): such an OSC never comes
+// from gardenlet.
 function checkPlugin(p: PluginConfig, field: string, errors: string[]): void {
   if (p.path.length === 0) errors.push(`${field}.path: must name at least one key below plugins`);
-  p.path.forEach((k, j) => {
-    if (k === "") errors.push(`${field}.path[${j}]: must not be empty`);
-  });
   if ((p.op ?? "add") === "remove" && p.values != null) errors.push(`${field}.values: must not be set when op is remove`);
-  if (p.values != null) toPatch(p.values, `${field}.values`, errors);
+  if (p.values != null) toTomlValues(p.values, `${field}.values`, errors);
 }
 
+// gardener-node-agent's structuredmap.SetMapEntry: the tables on the way are created where missing (for
+// `remove` too) and must be tables; the last key is set to what the operation makes of it.
 function applyPlugin(doc: Table, p: PluginConfig, version: ConfigVersion, field: string, label: string, errors: string[]): void {
-  if (p.path.length === 0 || p.path.includes("")) return; // reported by checkPlugin
+  if (p.path.length === 0) return; // reported by checkPlugin
   const path = ["plugins", ...rewritePluginPath(p.path, version)];
-  if ((p.op ?? "add") === "remove") {
-    const parent = lookup(doc, path.slice(0, -1));
-    if (isTable(parent)) delete parent[path[path.length - 1] as string];
-    return;
-  }
-  const values = toPatch(p.values ?? {}, `${field}.values`, []);
-  if (!values) return;
-  // The last key becomes a table whatever it was (as in Gardener); keys on the way must be tables.
   const parent = ensureTable(doc, { path: path.slice(0, -1), label, errors, field: `${field}.path` });
   if (!parent) return;
   const last = path[path.length - 1] as string;
+  if ((p.op ?? "add") === "remove") {
+    delete parent[last];
+    return;
+  }
+  const values = toTomlValues(p.values ?? {}, `${field}.values`, []);
+  if (!values) return;
+  // json.Unmarshal into the table there (a new one if it is not a table): each key of `values` replaces
+  // that key's whole value, null included, which the encoder then leaves out.
   let target = own(parent, last);
   if (!isTable(target)) {
     target = {};
     setKey(parent, last, target);
   }
-  merge(target, values);
+  for (const [k, v] of Object.entries(values)) {
+    if (v === undefined) delete target[k];
+    else setKey(target, k, v);
+  }
 }
 
 function rewritePluginPath(path: string[], version: ConfigVersion): string[] {
@@ -291,37 +346,30 @@ function rewritePluginPath(path: string[], version: ConfigVersion): string[] {
   return path;
 }
 
-/** Deep merge: tables into tables, null removes, anything else replaces. */
-function merge(target: Table, patch: Patch): void {
-  for (const [k, v] of Object.entries(patch)) {
-    if (v === null) delete target[k];
-    else if (isPatchTable(v)) {
-      let t = own(target, k);
-      if (!isTable(t)) {
-        t = {};
-        setKey(target, k, t);
-      }
-      merge(t, v);
-    } else setKey(target, k, v);
-  }
-}
-
-/** JSON-ish values from the OSC as TOML values: whole numbers become integers, other numbers floats. */
-function toPatch(values: Record<string, unknown>, field: string, errors: string[]): Patch | undefined {
+/**
+ * `values` as json.Unmarshal and the TOML encoder leave them: a key whose value is null is undefined here
+ * (it is removed), null inside a table leaves its key out, whole numbers become integers, other numbers
+ * floats. Null in an array is an error (TOML has no null; GNA's encoder fails on it too).
+ */
+function toTomlValues(values: Record<string, unknown>, field: string, errors: string[]): Record<string, TomlValue | undefined> | undefined {
   const before = errors.length;
-  const convert = (v: unknown, f: string, inArray: boolean): TomlValue | Patch | null | undefined => {
-    if (v === null || v === undefined) {
-      if (inArray) errors.push(`${f}: null is not allowed in an array (TOML has no null)`);
-      return inArray ? undefined : null;
-    }
+  // null: JSON's null, which has no TOML value; undefined: an error was recorded.
+  const convert = (v: unknown, f: string): TomlValue | null | undefined => {
+    if (v === null || v === undefined) return null;
     if (typeof v === "string" || typeof v === "boolean" || typeof v === "bigint") return v;
     if (typeof v === "number") return Number.isSafeInteger(v) ? BigInt(v) : v;
-    if (Array.isArray(v)) return v.map((e, i) => convert(e, `${f}[${i}]`, true)) as TomlValue[];
+    if (Array.isArray(v)) {
+      return v.map((e, i) => {
+        const c = convert(e, `${f}[${i}]`);
+        if (c === null) errors.push(`${f}[${i}]: null is not allowed in an array (TOML has no null)`);
+        return c;
+      }) as TomlValue[];
+    }
     if (isPlainObject(v)) {
-      const out: Patch = {};
+      const out: Table = {};
       for (const [k, e] of Object.entries(v)) {
-        const c = convert(e, `${f}.${k}`, inArray);
-        if (c !== undefined) setKey(out, k, c);
+        const c = convert(e, `${f}.${k}`);
+        if (c !== null && c !== undefined) setKey(out, k, c);
       }
       return out;
     }
@@ -332,8 +380,9 @@ function toPatch(values: Record<string, unknown>, field: string, errors: string[
     errors.push(`${field}: must be a JSON object`);
     return undefined;
   }
-  const out = convert(values, field, false);
-  return errors.length > before ? undefined : (out as Patch);
+  const out: Record<string, TomlValue | undefined> = {};
+  for (const [k, e] of Object.entries(values)) setKey(out, k, convert(e, `${field}.${k}`) ?? undefined);
+  return errors.length > before ? undefined : out;
 }
 
 // --- tables ------------------------------------------------------------------------------------------
@@ -384,9 +433,6 @@ function setKey<T>(t: { [key: string]: T }, k: string, v: T): void {
 }
 
 function isTable(v: unknown): v is Table {
-  return isPlainObject(v);
-}
-function isPatchTable(v: unknown): v is Patch {
   return isPlainObject(v);
 }
 function isPlainObject(v: unknown): v is Record<string, unknown> {

@@ -1,6 +1,6 @@
 // How each executed step changes the inventory of what trellis owns. Applied step by step during an
 // apply (and persisted), so ownership is never lost to a crash or a failing step.
-import type { Desired } from "../api/desired.ts";
+import { type Desired, type DesiredUnit, sha256Hex } from "../api/desired.ts";
 import type { Owned, OwnedUnit } from "../api/state.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Step } from "../api/plan.ts";
@@ -23,7 +23,8 @@ export function ownedAfter(owned: Owned, step: Step): Owned {
     case "remove":
       if (step.target.type === "file") delete next.files[step.path];
       else if (step.target.type === "unit") delete unit(step.target.unit).sha256;
-      else delete unit(step.target.unit).dropIns[step.target.name];
+      else if (step.target.type === "drop-in") delete unit(step.target.unit).dropIns[step.target.name];
+      else unit(step.target.unit).dropIns = {};
       break;
     case "enable":
     case "disable":
@@ -35,14 +36,23 @@ export function ownedAfter(owned: Owned, step: Step): Owned {
   return next;
 }
 
-/** After a complete apply: forget units that left the OSC and record every desired unit's enable and command. */
+/** After a complete apply: forget units that left the OSC and record every desired unit's enable, command and spec. */
 export function settleOwned(owned: Owned, desired: Desired): Owned {
   const units: Owned["units"] = {};
   for (const u of desired.units) {
     const { command: _previous, ...rest } = owned.units[u.name] ?? { dropIns: {} };
-    units[u.name] = { ...rest, enable: u.enable, ...(u.command ? { command: u.command } : {}) };
+    units[u.name] = { ...rest, enable: u.enable, ...(u.command ? { command: u.command } : {}), spec: unitSpecDigest(u) };
   }
   return { version: 1, files: { ...owned.files }, units };
+}
+
+/**
+ * The unit as the OSC declares it, as one hash: what gardener-node-agent compares with its last applied
+ * OSC (apiequality.Semantic.DeepEqual of the whole Unit) to tell a changed unit. Content by its hash, lists
+ * in their order.
+ */
+export function unitSpecDigest(u: DesiredUnit): string {
+  return sha256Hex(JSON.stringify([u.name, u.command ?? null, u.enable, u.sha256 ?? null, u.dropIns.map((d) => [d.name, d.sha256]), u.filePaths]));
 }
 
 /**

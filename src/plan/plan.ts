@@ -3,17 +3,22 @@
 //
 // Rules (gardener-node-agent's, minus its flaws):
 // - A file is written when the disk differs from the OSC (content or mode): new, changed, or drifted.
-// - A unit is restarted only when it is new, its unit file or a drop-in was written or removed, its
-//   enablement changed, or a file in its filePaths was written or removed. `command: stop` or
-//   `enable: false` stops it instead.
+// - A unit changes when it is new, its unit file or a drop-in was written or removed, its enablement
+//   changed, a file in its filePaths was written, or anything else of it in the OSC changed since it was
+//   last applied (its command, its filePaths: GNA compares the whole unit). A changed unit is restarted;
+//   `command: stop` or `enable: false` stops it instead. A file in its filePaths that was removed is no
+//   cause: as in GNA, the unit's own filePaths change with it, or nothing about the unit did.
+// - A changed unit the OSC gives no drop-ins loses its whole drop-in directory, whoever put what there
+//   (GNA's applyChangedUnits: the OS's or cloud-init's drop-ins must not outlive the OSC's say).
 // - What leaves the OSC leaves the node, but only what trellis wrote (Owned): its units are stopped
 //   and disabled before their files are removed, after every write; drop-ins and files other tools
-//   put there are never touched.
+//   put there are never touched otherwise.
 // - One daemon-reload per plan, after unit files and enablement changed; the agent's own unit restarts last.
 import type { Desired, DesiredUnit } from "../api/desired.ts";
-import { dropInPath, unitFilePath } from "../api/paths.ts";
+import { dropInDir, dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
 import type { Plan, Step } from "../api/plan.ts";
+import { unitSpecDigest } from "./owned.ts";
 import type { Observed } from "./types.ts";
 
 /** Gardener writes unit files and drop-ins 0600. */
@@ -93,8 +98,7 @@ export function makePlan(input: PlanInput): Plan {
   const desiredFiles = new Set(desired.files.map((f) => f.path));
   for (const path of Object.keys(owned.files)) {
     if (desiredFiles.has(path)) continue;
-    if (!removable(path)) continue; // already gone: nothing changes for the units listing it
-    changedFiles.add(path);
+    if (!removable(path)) continue;
     fileSteps.push({ kind: "remove", target: { type: "file" }, path, reason: "removed from the OSC" });
   }
 
@@ -141,6 +145,14 @@ export function makePlan(input: PlanInput): Plan {
     if (own) for (const p of u.filePaths) if (changedFiles.has(p)) causes.push(`file ${p} changed`);
     if (own && !isSelf && (own.enable === false || own.command === "stop") && u.enable && u.command !== "stop") {
       causes.push(`was ${own.command === "stop" ? "command: stop" : "enable: false"} before`);
+    }
+    if (causes.length === 0 && own?.spec !== undefined && own.spec !== unitSpecDigest(unit)) causes.push("changed in the OSC");
+    const dir = dropInDir(u.name);
+    // Not where the OSC writes a file (at the directory's path or in it), nor what is removed already.
+    const spared = kept.has(dir) || removing.has(dir) || [...kept].some((p) => p.startsWith(`${dir}/`));
+    if (u.dropIns.length === 0 && causes.length > 0 && observed.dropInDirs?.has(u.name) && !spared) {
+      removing.add(dir);
+      unitFileSteps.push({ kind: "remove", target: { type: "drop-ins", unit: u.name }, path: dir, reason: "the OSC gives this unit no drop-ins" });
     }
 
     if (u.command === "stop" || !u.enable) {

@@ -1,5 +1,5 @@
 // `trellis plan` output for a person: one line per step, what and why, in execution order.
-import type { Plan, Step } from "../api/plan.ts";
+import type { Plan, Step, Target } from "../api/plan.ts";
 
 export function renderPlan(plan: Plan): string {
   if (plan.steps.length === 0) return `OSC ${short(plan.checksum)}: the node is up to date, nothing to do.`;
@@ -9,19 +9,21 @@ export function renderPlan(plan: Plan): string {
 
 export function describeStep(s: Step): string {
   switch (s.kind) {
-    case "write": {
-      const what = s.target.type === "file" ? "file" : s.target.type === "unit" ? "unit file" : `drop-in of ${s.target.unit}`;
-      return `write ${what} ${s.path} (mode 0${s.mode.toString(8)}): ${s.reason}`;
-    }
-    case "remove": {
-      const what = s.target.type === "file" ? "file" : s.target.type === "unit" ? "unit file" : `drop-in of ${s.target.unit}`;
-      return `remove ${what} ${s.path}: ${s.reason}`;
-    }
+    case "write":
+      return `write ${targetName(s.target)} ${s.path} (mode 0${s.mode.toString(8)}): ${s.reason}`;
+    case "remove":
+      return `remove ${targetName(s.target)} ${s.path}: ${s.reason}`;
     case "daemon-reload":
       return `daemon-reload: ${s.reason}`;
     default:
       return `${s.kind} ${s.unit}: ${s.reason}`;
   }
+}
+
+function targetName(t: Target): string {
+  if (t.type === "file") return "file";
+  if (t.type === "unit") return "unit file";
+  return t.type === "drop-in" ? `drop-in of ${t.unit}` : `every drop-in of ${t.unit}, directory and all,`;
 }
 
 function summary(steps: Step[]): string {

@@ -2,7 +2,8 @@
 // host unit, so that the plan treats it like everything else: config.toml and the hosts.toml files are
 // written only when their content differs, containerd.service lists config.toml among its filePaths
 // (so it restarts exactly when config.toml was written, never for a hosts.toml, which containerd reads
-// per pull), and its PATH drop-in is trellis's like any other drop-in.
+// per pull), and its PATH drop-in is trellis's like any other drop-in. What containerd may not act on
+// (its notes) is reported with the OSC's other unsupported parts.
 import { type Desired, type DesiredUnit, sha256Hex } from "../api/desired.ts";
 import { configFileMode, containerdConfigFile, type ContainerdDesired, hostsFileMode, hostsTomlPath } from "./containerd.ts";
 
@@ -41,6 +42,7 @@ export function withContainerd(desired: Desired, cd: ContainerdDesired, where: s
         }),
       ],
       units: unit ? desired.units.map((u) => (u === unit ? containerd : u)) : [...desired.units, containerd],
+      unsupported: [...desired.unsupported, ...cd.notes],
       // A registry waiting for its readiness probe keeps what an earlier apply wrote for it.
       keep: [...desired.keep, ...cd.pendingRegistries.map(hostsTomlPath)],
     },

@@ -1,6 +1,6 @@
 // kill -9 of `trellis apply` at many moments of a large apply inside a real node: no file is ever
 // torn, the state file always parses, and the next apply finishes the work — including the restarts
-// the killed apply still owed.
+// the killed apply still owed, and a unit's drop-in directory whose removal the kill cut short.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { stringify } from "yaml";
@@ -100,6 +100,48 @@ test("kill -9 during applies at many points: nothing torn, the next apply conver
   // The unit runs with the content its listed file has now, whichever apply wrote it and was killed.
   const startedWith = (await node.readFile("/run/sleeper-started-with")).split(" ")[0];
   expect(startedWith).toBe(sha(content(fileCount - 1, version)));
+  const plan = await node.exec(["/opt/bin/trellis", "plan", "--osc", "/root/osc.yaml"], { timeoutMs: 30_000 });
+  expect(plan.stdout).toContain("nothing to do");
+}, 240_000);
+
+const dropInDir = "/etc/systemd/system/dropper.service.d";
+const dropInFiles = 3000;
+
+/** dropper.service with no drop-ins in the OSC; `version` changes its unit file, so the unit changes. */
+function dropperOsc(version: number) {
+  return {
+    apiVersion: "extensions.gardener.cloud/v1alpha1",
+    kind: "OperatingSystemConfig",
+    spec: {
+      units: [{ name: "dropper.service", command: "start", content: `[Service]\nExecStart=/bin/sleep infinity\nEnvironment=V=${version}\n[Install]\nWantedBy=multi-user.target\n` }],
+    },
+  };
+}
+
+/** Drop-ins (and a subdirectory) someone else put there: many, so that removing them takes a while. */
+async function fillDropInDir(): Promise<void> {
+  await node.execOk(["sh", "-c", `rm -rf ${dropInDir} && mkdir -p ${dropInDir}/sub && cd ${dropInDir} && seq -f 'f%g.conf' 1 ${dropInFiles} | xargs touch && seq -f 'sub/g%g' 1 500 | xargs touch`]);
+}
+
+const entriesLeft = async () => Number((await node.execOk(["sh", "-c", `find ${dropInDir} 2>/dev/null | wc -l`])).trim());
+
+test("kill -9 while a unit's drop-in directory is being removed: the next start of the same apply removes the rest", async () => {
+  await node.writeFile("/root/osc.yaml", stringify(dropperOsc(0)));
+  expect((await node.exec(["/opt/bin/trellis", "apply", "--osc", "/root/osc.yaml"], { timeoutMs: 60_000 })).code).toBe(0);
+  let cutShort = 0;
+  for (let ms = 0, version = 1; ms <= 300 && cutShort < 3; ms += 15, version++) {
+    await fillDropInDir();
+    const text = stringify(dropperOsc(version));
+    await node.writeFile("/root/osc.yaml", text);
+    await applyKilledDuring(sha(text), ms);
+    const left = await entriesLeft();
+    if (left > 0 && left < dropInFiles + 502) cutShort++; // 3000 drop-ins + sub + its 500 + the directory
+    const next = await node.exec(["/opt/bin/trellis", "apply", "--osc", "/root/osc.yaml"], { timeoutMs: 60_000 });
+    expect(next.stderr).not.toContain('"level":"error"');
+    expect(next.code).toBe(0);
+    expect({ ms, left: await entriesLeft() }).toEqual({ ms, left: 0 });
+  }
+  expect(cutShort).toBeGreaterThan(0);
   const plan = await node.exec(["/opt/bin/trellis", "plan", "--osc", "/root/osc.yaml"], { timeoutMs: 30_000 });
   expect(plan.stdout).toContain("nothing to do");
 }, 240_000);

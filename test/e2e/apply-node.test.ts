@@ -94,6 +94,23 @@ describe("trellis apply inside a node", () => {
     expect(await node.readFile("/etc/systemd/system/web.service.d/50-foreign.conf")).toContain("FOREIGN");
   });
 
+  test("a unit the OSC gives no drop-ins loses the drop-ins others put there once it changes, as with gardener-node-agent", async () => {
+    const ticker = await mainPid("ticker.service");
+    const osc = clone();
+    osc.spec.files[0].content.inline.data = "<h1>hello from trellis, version 2</h1>\n";
+    osc.spec.units[0].dropIns[0].content = "[Service]\nRestart=always\nRestartSec=2\n";
+    osc.spec.units[1].content = osc.spec.units[1].content.replace("sleep 5", "sleep 6");
+    const p = await plan(osc);
+    expect(p.stdout).toContain("remove every drop-in of ticker.service, directory and all, /etc/systemd/system/ticker.service.d: the OSC gives this unit no drop-ins");
+    const r = await apply(osc);
+    expect(r.code).toBe(0);
+    expect((await node.exec(["test", "-e", "/etc/systemd/system/ticker.service.d"])).code).toBe(1);
+    expect((await node.execOk(["systemctl", "show", "-P", "DropInPaths", "ticker.service"])).trim()).toBe("");
+    expect(await mainPid("ticker.service")).not.toBe(ticker);
+    // web.service keeps drop-ins in the OSC: the one others put there stays.
+    expect(await node.readFile("/etc/systemd/system/web.service.d/50-foreign.conf")).toContain("FOREIGN");
+  });
+
   test("disabling a unit stops and disables it without restarting others", async () => {
     const web = await mainPid("web.service");
     const osc = clone();
@@ -138,6 +155,7 @@ describe("trellis apply inside a node", () => {
     osc.spec.units.splice(1, 1); // ticker.service
     osc.spec.files.splice(1, 1); // /etc/ticker/message
     await node.writeFile("/etc/ticker/foreign.txt", "not trellis's");
+    await node.writeFile("/etc/systemd/system/ticker.service.d/50-foreign.conf", "[Service]\nEnvironment=FOREIGN=1\n");
     const r = await apply(osc);
     expect(r.code).toBe(0);
     expect((await node.exec(["test", "-e", "/etc/systemd/system/ticker.service"])).code).toBe(1);

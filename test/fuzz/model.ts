@@ -117,6 +117,14 @@ export class ModelDisk implements Files {
     return this.entries.delete(at.path);
   }
 
+  /** As the real one: the final symlink is removed, not followed; a directory goes with everything below it. */
+  async removeTree(path: string): Promise<boolean> {
+    const at = this.locate(path, false);
+    if ("error" in at || !at.entry) return false;
+    for (const p of [...this.entries.keys()]) if (p.startsWith(`${at.path}/`)) this.entries.delete(p);
+    return this.entries.delete(at.path);
+  }
+
   async list(dir: string): Promise<string[]> {
     const at = this.locate(dir, true);
     return "error" in at || at.entry?.kind !== "dir" ? [] : this.childrenOf(at.path).sort();

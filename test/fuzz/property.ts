@@ -178,6 +178,11 @@ function checkPlan(plan: Plan, desired: Desired, owned: Owned, fail: Fail): void
       const want = writes.get(s.path);
       if (!want) fail("steps within desired/owned", `${what}: writes a path that is not desired`);
       else if (want.sha256 !== s.sha256 || want.mode !== s.mode) fail("steps within desired/owned", `${what}: not the desired content or mode`);
+    } else if (s.kind === "remove" && s.target.type === "drop-ins") {
+      // A whole drop-in directory: only of a unit the OSC gives none, and never with a desired path in it.
+      const unit = s.target.unit;
+      if (!desired.units.some((u) => u.name === unit && u.dropIns.length === 0)) fail("steps within desired/owned", `${what}: the unit has drop-ins in the OSC, or is not in it`);
+      if ([...writes.keys(), ...desired.keep].some((p) => p.startsWith(`${s.path}/`))) fail("steps within desired/owned", `${what}: removes a desired path`);
     } else if (s.kind === "remove") {
       if (!ownedPaths.has(s.path)) fail("steps within desired/owned", `${what}: removes a path trellis does not own`);
       if (writes.has(s.path) || desired.keep.includes(s.path)) fail("steps within desired/owned", `${what}: removes a desired path`);

@@ -2,8 +2,11 @@
 // node: what src/plan/containerd.ts produces is written into the node, containerd is restarted, and the
 // running daemon proves it took every setting — through its CRI API (Status with verbose=true reports
 // the config it runs with) and by pulling an image through the mirror that hosts.toml names, once with
-// CRI (the daemon's own config_path) and once with `ctr --hosts-dir`. Also the readiness probe against
-// a real registry, a 401, a closed port and a server that never answers.
+// CRI (the daemon's own config_path) and once with `ctr --hosts-dir`. That a plugin's values replace
+// what was at their keys (a nested key an extension dropped goes), what containerd 1.6 makes of a file
+// without version patched as gardener-node-agent patches it, and the version its API reports (what the
+// CNI directory follows). Also the readiness probe against a real registry, a 401, a closed port and a
+// server that never answers.
 //
 // Why CRI over the socket: `ctr` has no command that shows the CRI plugin's effective config, and
 // crictl is not installed. gRPC is HTTP/2 with length-prefixed protobuf; the few fields needed are
@@ -15,7 +18,12 @@ import http2 from "node:http2";
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { parse } from "smol-toml";
 import type { CriConfig } from "../../src/api/cri-config.ts";
+import { parseOscBytes } from "../../src/api/desired.ts";
+import { desiredForNode } from "../../src/apply/desired-for-node.ts";
+import { containerdVersion } from "../../src/host/containerd.ts";
 import { builtinDefaultConfig, containerdDefaultConfig, probeRegistry, probeRegistryHosts } from "../../src/host/containerd-defaults.ts";
+import { createFiles } from "../../src/host/files.ts";
+import type { ImageStore } from "../../src/host/registry/store.ts";
 import { createLogger } from "../../src/log.ts";
 import { type ContainerdDesired, containerdDesired } from "../../src/plan/containerd.ts";
 import { freePort, runDir, runOk } from "../harness/exec.ts";
@@ -154,6 +162,47 @@ describe("containerd 1.6 in a node runs with the patched config", () => {
     expect(d.configToml).toBe(onDisk);
     expect(d.hostsFiles[0]?.content).toBe(await node.readFile(`/etc/containerd/certs.d/${MIRRORED}/hosts.toml`));
   });
+
+  test("an extension that drops a nested key from its plugin values: the daemon's runtime no longer has it (gardener-node-agent replaces top-level keys)", async () => {
+    const current = await node.readFile("/etc/containerd/config.toml");
+    const c = criConfig("registry.k8s.io/pause:3.10");
+    const plugins = [{ path: ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "trellis-test"], values: { runtime_type: "io.containerd.runc.v2", options: { SystemdCgroup: true } } }];
+    const d = plan({ criConfig: { ...c, containerd: { ...c.containerd, plugins } }, current, defaultConfig: builtinDefaultConfig });
+    expect(d.configChanged).toBe(true);
+    await applyAndRestart(d);
+    await containerdAccepted();
+    expect((await criConfigOfDaemon()).containerd.runtimes["trellis-test"]?.options).toEqual({ SystemdCgroup: true });
+  }, 60_000);
+
+  test("a config.toml without version (Docker's containerd.io ships one): patched as gardener-node-agent patches it, and containerd 1.6 does not read those settings, as trellis reports", async () => {
+    const docker = 'disabled_plugins = []\n\n[plugins.cri]\n  sandbox_image = "registry.k8s.io/pause:from-plugins-cri"\n';
+    const d = plan({ criConfig: criConfig("registry.k8s.io/pause:3.10"), current: docker, defaultConfig: builtinDefaultConfig });
+    expect(d.configVersion).toBe(1);
+    expect(d.notes).toEqual([expect.stringContaining("containerd 1.x does not")]);
+    await applyAndRestart(d);
+    await containerdAccepted();
+    const cfg = await criConfigOfDaemon();
+    expect(cfg.sandboxImage).toBe("registry.k8s.io/pause:from-plugins-cri");
+    expect(cfg.registry.configPath).toBe("");
+  }, 60_000);
+
+  test("containerd's version comes from its API on the node's socket; 1.6 on a version 3 config means bin_dir", async () => {
+    // desiredForNode reads this config.toml and, for version 3, asks the running daemon; nothing is applied.
+    const saved = await node.readFile("/etc/containerd/config.toml");
+    await node.writeFile("/etc/containerd/config.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.cni]\nbin_dirs = ['/usr/lib/cni']\n", 0o644);
+    try {
+      expect((await containerdVersion(`${node.root}/run/containerd/containerd.sock`, 5_000)).version).toBe("1.6.20~ds1");
+      const osc = parseOscBytes(new TextEncoder().encode(`apiVersion: extensions.gardener.cloud/v1alpha1\nkind: OperatingSystemConfig\nspec:\n  type: debian\n  criConfig:\n    name: containerd\n    containerd:\n      sandboxImage: p\n`), "osc");
+      if (!osc.ok) throw new Error(osc.errors.join("\n"));
+      const images: ImageStore = { extract: () => Promise.reject(new Error("no images")), prune: async () => {} };
+      const r = await desiredForNode(osc.value, "osc", { files: createFiles(node.root), hostName: "n", images, log: createLogger({ write: () => {} }) });
+      if (!r.ok) throw new Error(r.errors.join("\n"));
+      const toml = new TextDecoder().decode(r.value.files.find((f) => f.path === "/etc/containerd/config.toml")?.content as Uint8Array);
+      expect((parse(toml) as any).plugins["io.containerd.cri.v1.runtime"].cni).toEqual({ bin_dir: "/opt/cni/bin", bin_dirs: ["/usr/lib/cni"] });
+    } finally {
+      await node.writeFile("/etc/containerd/config.toml", saved, 0o644);
+    }
+  }, 60_000);
 
   test("without a config.toml: `containerd config default` (read by src/host) patched is accepted too", async () => {
     const def = await containerdDefaultConfig({ timeoutMs: 10_000 }); // the host's containerd is the node's (same lower layer)

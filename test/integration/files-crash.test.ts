@@ -1,7 +1,8 @@
 // Crash safety of src/host/files.ts for real: a child process rewrites files in a loop
 // (files-crash-writer.ts) and is SIGKILLed at random moments. After every kill each file is exactly one of
 // its two complete contents with its requested mode, and cleanupTemp leaves no temp file behind. Once on
-// the host's disk, once inside a real node (overlayfs over a tmpfs upper layer). Needs root for the node.
+// the host's disk, once inside a real node (overlayfs over a tmpfs upper layer). Also, in the node, that
+// removeTree stops at mounts (which only a node's own mount namespace can safely have). Needs root.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import type { Subprocess } from "bun";
@@ -138,6 +139,25 @@ describe("writeAtomic survives SIGKILL at any instant", () => {
         10,
         40,
       );
+    }, 60_000);
+
+    test("removeTree does not enter another mount in the tree: a tmpfs, nor a bind mount of the same file system", async () => {
+      const tree = "/var/lib/trellis-tree";
+      const other = "/var/lib/trellis-bound";
+      await node.execOk(["sh", "-c", `mkdir -p ${tree}/m1 ${tree}/m2 ${other} && touch ${tree}/a ${other}/precious && mount -t tmpfs -o mode=0755 tmpfs ${tree}/m1 && touch ${tree}/m1/on-tmpfs && mount --bind ${other} ${tree}/m2`]);
+      const files = createFiles(node.root);
+      try {
+        await expect(files.removeTree(tree)).rejects.toThrow(`${tree}/m1 is a mount point`);
+        expect((await node.exec(["test", "-e", `${tree}/m1/on-tmpfs`])).code).toBe(0);
+        await node.execOk(["umount", `${tree}/m1`]);
+        await expect(files.removeTree(tree)).rejects.toThrow(`${tree}/m2 is a mount point`);
+        expect((await node.exec(["test", "-e", `${other}/precious`])).code).toBe(0);
+      } finally {
+        await node.exec(["sh", "-c", `umount ${tree}/m1 2>/dev/null; umount ${tree}/m2 2>/dev/null; true`]);
+      }
+      expect(await files.removeTree(tree)).toBe(true);
+      expect((await node.exec(["test", "-e", tree])).code).toBe(1);
+      expect((await node.exec(["test", "-e", `${other}/precious`])).code).toBe(0);
     }, 60_000);
   });
 });

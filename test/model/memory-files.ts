@@ -63,6 +63,11 @@ export function memoryFiles(): Files & { snapshot(): Map<string, Uint8Array> } {
     async removeDirIfEmpty(path) {
       return !dirs().has(path);
     },
+    async removeTree(path) {
+      const below = [...files.keys()].filter((p) => p === path || p.startsWith(`${path}/`));
+      for (const p of below) files.delete(p);
+      return below.length > 0;
+    },
     async list(dir) {
       const prefix = dir.endsWith("/") ? dir : `${dir}/`;
       const names = new Set<string>();

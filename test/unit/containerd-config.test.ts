@@ -9,7 +9,7 @@ import * as v from "valibot";
 import { type CriConfig, CriConfigSchema, managesContainerd } from "../../src/api/cri-config.ts";
 import { OperatingSystemConfigSchema } from "../../src/api/osc.ts";
 import { builtinDefaultConfig, parseContainerdVersion } from "../../src/host/containerd-defaults.ts";
-import { type ContainerdInputs, containerdDesired, type ContainerdDesired, renderHostsToml } from "../../src/plan/containerd.ts";
+import { containerdAtLeast22, type ContainerdInputs, containerdDesired, type ContainerdDesired, needsContainerdVersion, renderHostsToml } from "../../src/plan/containerd.ts";
 import { prng } from "../harness/prng.ts";
 
 const fixture = (name: string) => readFileSync(new URL(`../fixtures/containerd/${name}`, import.meta.url), "utf8");
@@ -52,20 +52,22 @@ const K = {
     cni: ["plugins", "io.containerd.cri.v1.runtime", "cni"],
   },
 } as const;
+// `containerd`: the version the containerd that printed the fixture reports through its API.
 const versions = [
-  { name: "version 2 (containerd 1.6)", text: V2, version: 2, k: K[2] },
-  { name: "version 3 (containerd 2.1)", text: V3, version: 3, k: K[3] },
-  { name: "version 4 (containerd 2.3)", text: V4, version: 4, k: K[3] },
+  { name: "version 2 (containerd 1.6)", text: V2, version: 2, k: K[2], containerd: "1.6.20~ds1" },
+  { name: "version 3 (containerd 2.1)", text: V3, version: 3, k: K[3], containerd: "2.1.9" },
+  { name: "version 4 (containerd 2.3)", text: V4, version: 4, k: K[3], containerd: "v2.3.4" },
 ] as const;
 
-describe.each(versions)("patching the default config of $name", ({ text, version, k }) => {
+describe.each(versions)("patching the default config of $name", ({ text, version, k, containerd }) => {
+  const patch = (input: Partial<ContainerdInputs> & { criConfig: CriConfig }) => desired({ containerdVersion: containerd, ...input });
   test("the fixture is what the test thinks it is", () => {
     expect(at(toml(text), "version")).toBe(BigInt(version));
     expect(at(toml(text), ...k.configPath)).toBe("");
   });
 
   test("sets config_path, imports, the sandbox image, SystemdCgroup and the CNI bin dir", () => {
-    const d = desired({ criConfig: cri({ cgroupDriver: "systemd", containerd: { sandboxImage: "example.org/pause:9" } }), defaultConfig: text });
+    const d = patch({ criConfig: cri({ cgroupDriver: "systemd", containerd: { sandboxImage: "example.org/pause:9" } }), defaultConfig: text });
     const doc = toml(d.configToml);
     expect(d.configVersion).toBe(version);
     expect(d.configChanged).toBe(true);
@@ -73,28 +75,31 @@ describe.each(versions)("patching the default config of $name", ({ text, version
     expect(at(doc, "imports")).toEqual(["/etc/containerd/conf.d/*.toml"]);
     expect(at(doc, ...k.sandbox)).toBe("example.org/pause:9");
     expect(at(doc, ...k.systemdCgroup)).toBe(true);
-    if (version === 2) expect(at(doc, ...k.cni, "bin_dir")).toBe("/opt/cni/bin");
-    else {
-      // containerd 2.1+ prints bin_dirs and refuses a non-empty bin_dir next to it.
+    if (version < 4) {
+      // Below containerd 2.2, bin_dir (2.1 prints bin_dirs too, and drops its default when bin_dir is set).
+      expect(at(doc, ...k.cni, "bin_dir")).toBe("/opt/cni/bin");
+      expect(at(doc, ...k.cni, "bin_dirs")).toEqual(at(toml(text), ...k.cni, "bin_dirs"));
+    } else {
+      // 2.2+ deprecates bin_dir and refuses it next to a bin_dirs of other directories.
       expect(at(doc, ...k.cni, "bin_dirs")).toEqual(["/opt/cni/bin"]);
       expect(at(doc, ...k.cni, "bin_dir")).toBeUndefined();
     }
   });
 
   test("cgroupfs turns SystemdCgroup off; no cgroupDriver leaves it as it was", () => {
-    const on = desired({ criConfig: cri({ cgroupDriver: "systemd" }), defaultConfig: text }).configToml;
-    expect(at(toml(desired({ criConfig: cri({ cgroupDriver: "cgroupfs" }), current: on, defaultConfig: text }).configToml), ...k.systemdCgroup)).toBe(false);
-    expect(desired({ criConfig: cri({}), current: on, defaultConfig: text }).configChanged).toBe(false);
+    const on = patch({ criConfig: cri({ cgroupDriver: "systemd" }), defaultConfig: text }).configToml;
+    expect(at(toml(patch({ criConfig: cri({ cgroupDriver: "cgroupfs" }), current: on, defaultConfig: text }).configToml), ...k.systemdCgroup)).toBe(false);
+    expect(patch({ criConfig: cri({}), current: on, defaultConfig: text }).configChanged).toBe(false);
   });
 
   test("no sandbox image keeps the default one", () => {
-    const d = desired({ criConfig: cri({ containerd: {} }), defaultConfig: text });
+    const d = patch({ criConfig: cri({ containerd: {} }), defaultConfig: text });
     expect(at(toml(d.configToml), ...k.sandbox)).toBe(at(toml(text), ...k.sandbox));
   });
 
   test("everything else of the default config stays as it was, values and types", () => {
     const before = toml(text);
-    const after = toml(desired({ criConfig: cri({ cgroupDriver: "systemd" }), defaultConfig: text }).configToml);
+    const after = toml(patch({ criConfig: cri({ cgroupDriver: "systemd" }), defaultConfig: text }).configToml);
     for (const path of [k.configPath, k.sandbox, k.systemdCgroup, [...k.cni, "bin_dir"], [...k.cni, "bin_dirs"], ["imports"]]) {
       for (const d of [before, after]) {
         const parent = at(d, ...path.slice(0, -1)) as Doc | undefined;
@@ -110,10 +115,105 @@ describe.each(versions)("patching the default config of $name", ({ text, version
 
   test("patching its own output changes nothing (byte for byte)", () => {
     const c = cri({ cgroupDriver: "systemd", containerd: { sandboxImage: "p:1", plugins: [{ path: ["x", "y"], values: { a: 1 } }] } });
-    const once = desired({ criConfig: c, defaultConfig: text });
-    const twice = desired({ criConfig: c, current: once.configToml, defaultConfig: text });
+    const once = patch({ criConfig: c, defaultConfig: text });
+    const twice = patch({ criConfig: c, current: once.configToml, defaultConfig: text });
     expect(twice.configToml).toBe(once.configToml);
     expect(twice.configChanged).toBe(false);
+  });
+});
+
+describe("a file without version (config version 1), as gardener-node-agent patches it", () => {
+  // Docker's containerd.io package ships one like this.
+  const docker = 'disabled_plugins = []\n\n[plugins.cri]\n  sandbox_image = "registry.k8s.io/pause:3.6"\n';
+  test("is patched with version 2's keys, gets no version, and says containerd 1.x will not read them", () => {
+    const d = desired({ criConfig: cri({ cgroupDriver: "systemd" }), current: docker });
+    const doc = toml(d.configToml);
+    expect(d.configVersion).toBe(1);
+    expect(doc.version).toBeUndefined();
+    expect(at(doc, ...K[2].configPath)).toBe("/etc/containerd/certs.d");
+    expect(at(doc, ...K[2].sandbox)).toBe("registry.k8s.io/pause:3.10");
+    expect(at(doc, ...K[2].systemdCgroup)).toBe(true);
+    expect(at(doc, ...K[2].cni, "bin_dir")).toBe("/opt/cni/bin");
+    expect(at(doc, "plugins", "cri")).toEqual({ sandbox_image: "registry.k8s.io/pause:3.6" });
+    expect(d.notes).toEqual([expect.stringContaining("spec.criConfig: /etc/containerd/config.toml has no `version`, so containerd reads it as config version 1")]);
+  });
+
+  test("`version = 1` is the same", () => {
+    const d = desired({ criConfig: cri(), current: "version = 1\n" });
+    expect(d.configVersion).toBe(1);
+    expect(at(toml(d.configToml), ...K[2].configPath)).toBe("/etc/containerd/certs.d");
+    expect(d.notes).toHaveLength(1);
+  });
+
+  test("plugin paths are not moved to version 3's plugins", () => {
+    const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"], values: { runtime_type: "io.containerd.runsc.v1" } }] } }), current: docker });
+    expect(at(toml(d.configToml), ...K[2].runtimes, "runsc", "runtime_type")).toBe("io.containerd.runsc.v1");
+  });
+
+  test("versions 2 to 4 have no note", () => {
+    expect(desired({ criConfig: cri(), current: "version = 2\n" }).notes).toEqual([]);
+  });
+});
+
+describe("the CNI directory follows containerd's own version (gardener-node-agent asks its API)", () => {
+  test.each([
+    ["2.2.0", true],
+    ["v2.2.1", true],
+    ["2.2.0-rc.1", true],
+    ["2.2", true],
+    ["2.10.0", true],
+    ["3.0.0", true],
+    ["2.1.9", false],
+    ["1.7.27", false],
+    ["1.6.20~ds1", false],
+    ["2", false],
+    ["", undefined],
+    ["dev", undefined],
+    ["2.2.0.1", undefined],
+  ] as const)("containerdAtLeast22(%p) = %p", (version, want) => {
+    expect(containerdAtLeast22(version)).toBe(want);
+  });
+
+  test.each([
+    ["2.2.0", V3],
+    ["2.3.4", V4],
+  ])("containerd %s on a version 3+ config: bin_dirs, and no bin_dir", (containerdVersion, base) => {
+    const cni = at(toml(desired({ criConfig: cri(), defaultConfig: base, containerdVersion }).configToml), ...K[3].cni) as Doc;
+    expect(cni.bin_dirs).toEqual(["/opt/cni/bin"]);
+    expect(cni.bin_dir).toBeUndefined();
+  });
+
+  test("containerd 2.1 on the same version 3 config: bin_dir, whatever bin_dirs the file has", () => {
+    const current = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.cni]\nbin_dirs = ['/usr/lib/cni']\n";
+    const cni = at(toml(desired({ criConfig: cri(), current, containerdVersion: "2.1.9" }).configToml), ...K[3].cni) as Doc;
+    expect(cni).toEqual({ bin_dir: "/opt/cni/bin", bin_dirs: ["/usr/lib/cni"] });
+  });
+
+  test("a version 2 config gets bin_dir, whatever containerd says (it is not asked)", () => {
+    expect(at(toml(desired({ criConfig: cri(), current: "version = 2\n", containerdVersion: "2.3.4" }).configToml), ...K[2].cni, "bin_dir")).toBe("/opt/cni/bin");
+  });
+
+  test.each([
+    [undefined, V2, false],
+    [undefined, V3, true],
+    [undefined, V4, true],
+    ["# empty\n", V3, true],
+    ["version = 3\n", V2, true],
+    ["version = 2\n", V3, false],
+    ["[plugins.cri]\n", V3, false],
+    ["version = = 3\n", V3, false],
+    ["version = 9\n", V3, false],
+  ] as const)("needsContainerdVersion(current %p, default …) is %p", (current, base, want) => {
+    expect(needsContainerdVersion(current, base)).toBe(want);
+  });
+
+  test("a version 3+ config without containerd's version, or with one that is not a version, is an error", () => {
+    expect(errorsOf({ criConfig: cri(), defaultConfig: V3 })).toEqual([
+      "containerd's default config: version 3: containerd's version is needed to choose between cni.bin_dir and cni.bin_dirs, and was not given",
+    ]);
+    expect(errorsOf({ criConfig: cri(), defaultConfig: V3, containerdVersion: "dev" })).toEqual([
+      'containerd\'s version: "dev" (as its API reports it) is not a version x.y.z; needed to choose between cni.bin_dir and cni.bin_dirs',
+    ]);
   });
 });
 
@@ -202,8 +302,8 @@ version = 2
     expect(d.configToml).not.toContain("# mine");
   });
 
-  test("an empty current file is treated as missing: the default config is patched", () => {
-    const d = desired({ criConfig: cri(), current: "# nothing here\n", defaultConfig: V3 });
+  test("an empty current file is treated as missing: the default config is patched (gardener-node-agent patches it as version 1)", () => {
+    const d = desired({ criConfig: cri(), current: "# nothing here\n", defaultConfig: V3, containerdVersion: "2.1.9" });
     expect(d.configVersion).toBe(3);
     expect(at(toml(d.configToml), ...K[3].configPath)).toBe("/etc/containerd/certs.d");
   });
@@ -227,7 +327,7 @@ version = 2
 
 describe("plugin operations", () => {
   const runtimes2 = K[2].runtimes;
-  test("add creates the table and deep-merges values into what is there; whole numbers become integers", () => {
+  test("add replaces each top-level key of values at the path and keeps the others; whole numbers become integers", () => {
     const current = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]\n  runtime_type = "old"\n  keep = true\n  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]\n    TypeUrl = "x"\n';
     const d = desired({
       criConfig: cri({
@@ -239,7 +339,16 @@ describe("plugin operations", () => {
       current,
     });
     const runsc = at(toml(d.configToml), ...runtimes2, "runsc");
-    expect(runsc).toEqual({ runtime_type: "io.containerd.runsc.v1", keep: true, options: { TypeUrl: "x", ConfigPath: "/etc/runsc.toml" }, n: 3n, f: 0.5, list: ["a", 1n] });
+    // options is replaced as a whole, as json.Unmarshal does: TypeUrl, which the OSC no longer gives, is gone.
+    expect(runsc).toEqual({ runtime_type: "io.containerd.runsc.v1", keep: true, options: { ConfigPath: "/etc/runsc.toml" }, n: 3n, f: 0.5, list: ["a", 1n] });
+  });
+
+  test("a nested key an extension dropped from its values goes on the next apply", () => {
+    const op = (options: Record<string, unknown>) => cri({ containerd: { plugins: [{ path: ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"], values: { runtime_type: "io.containerd.runsc.v1", options } }] } });
+    const first = desired({ criConfig: op({ ConfigPath: "/etc/runsc.toml", Debug: true }), current: "version = 2\n" });
+    const second = desired({ criConfig: op({ ConfigPath: "/etc/runsc.toml" }), current: first.configToml });
+    expect(second.configChanged).toBe(true);
+    expect(at(toml(second.configToml), ...runtimes2, "runsc", "options")).toEqual({ ConfigPath: "/etc/runsc.toml" });
   });
 
   test("add without values only creates the table", () => {
@@ -253,22 +362,25 @@ describe("plugin operations", () => {
     expect(at(toml(d.configToml), "plugins", "p", "k")).toEqual({ a: "b" });
   });
 
-  test("null in values removes that key", () => {
-    const current = 'version = 2\n[plugins.p]\na = 1\nb = 2\n[plugins.p.t]\nc = 3\n';
+  test("null in values removes that key; null inside a table given leaves its key out", () => {
+    const current = 'version = 2\n[plugins.p]\na = 1\nb = 2\n[plugins.p.t]\nc = 3\ne = 5\n';
     const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["p"], values: { a: null, t: { c: null, d: 4 } } }] } }), current });
     expect(at(toml(d.configToml), "plugins", "p")).toEqual({ b: 2n, t: { d: 4n } });
   });
 
-  test("remove deletes the subtree; removing what is not there changes nothing", () => {
-    const current = toml(desired({ criConfig: cri(), defaultConfig: V2 }).configToml);
+  test("remove deletes the subtree", () => {
     const withRemove = desired({ criConfig: cri({ containerd: { sandboxImage: "registry.k8s.io/pause:3.10", plugins: [{ op: "remove", path: ["io.containerd.grpc.v1.cri", "cni"] }] } }), defaultConfig: V2 });
     const doc = toml(withRemove.configToml);
     expect(at(doc, ...K[2].cni)).toBeUndefined();
     expect(at(doc, "plugins", "io.containerd.grpc.v1.cri", "sandbox_image")).toBe("registry.k8s.io/pause:3.10");
-    const patched = stringify(current);
-    const none = desired({ criConfig: cri({ containerd: { sandboxImage: "registry.k8s.io/pause:3.10", plugins: [{ op: "remove", path: ["no", "such", "thing"] }] } }), current: patched });
-    expect(none.configChanged).toBe(false);
-    expect(toml(none.configToml)).not.toHaveProperty(["plugins", "no"]);
+  });
+
+  test("a path that does not exist yet gets its tables, for remove too (as Gardener's SetMapEntry does)", () => {
+    const d = desired({ criConfig: cri({ containerd: { plugins: [{ op: "remove", path: ["no", "such", "thing"] }, { path: ["new", "deep", "t"], values: { a: 1 } }] } }), current: "version = 2\n" });
+    const plugins = at(toml(d.configToml), "plugins");
+    expect(at(plugins, "no")).toEqual({ such: {} });
+    expect(at(plugins, "new")).toEqual({ deep: { t: { a: 1n } } });
+    expect(d.configToml).toContain("[plugins.no.such]");
   });
 
   test("ops apply in order: remove then add replaces a subtree; add then remove deletes it", () => {
@@ -283,16 +395,17 @@ describe("plugin operations", () => {
     [3, V3, K[3].runtimes],
     [4, V4, K[3].runtimes],
   ] as const)("on version %d, paths under the old CRI plugin's runtimes move to the runtime plugin (as Gardener does)", (_, text, runtimes) => {
-    const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"], values: { runtime_type: "io.containerd.runsc.v1" } }] } }), defaultConfig: text });
+    const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["io.containerd.grpc.v1.cri", "containerd", "runtimes", "runsc"], values: { runtime_type: "io.containerd.runsc.v1" } }] } }), defaultConfig: text, containerdVersion: "2.3.4" });
     const doc = toml(d.configToml);
     expect(at(doc, ...runtimes, "runsc", "runtime_type")).toBe("io.containerd.runsc.v1");
     expect(at(doc, "plugins", "io.containerd.grpc.v1.cri", "containerd")).toBeUndefined();
   });
 
-  test("keys with dots and odd characters are quoted in the file and read back as one key", () => {
-    const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["io.containerd.x.v1", "a b", 'q"uote'], values: { "k.e.y": "v", __proto__x: 1 } }] } }), current: "version = 2\n" });
+  test("keys with dots and odd characters are quoted in the file and read back as one key; an empty key is a key", () => {
+    const d = desired({ criConfig: cri({ containerd: { plugins: [{ path: ["io.containerd.x.v1", "a b", 'q"uote'], values: { "k.e.y": "v", __proto__x: 1 } }, { path: ["x", ""], values: { "": 1 } }] } }), current: "version = 2\n" });
     expect(d.configToml).toContain('[plugins."io.containerd.x.v1"."a b"."q\\"uote"]');
     expect(at(toml(d.configToml), "plugins", "io.containerd.x.v1", "a b", 'q"uote', "k.e.y")).toBe("v");
+    expect(at(toml(d.configToml), "plugins", "x", "", "")).toBe(1n);
   });
 
   test("a key named __proto__ is a key, not a prototype", () => {
@@ -332,7 +445,7 @@ describe("errors name the field", () => {
             { upstream: "quay.io", hosts: [{ url: "https://ok.example.com" }, { url: "mirror.local:5000" }, { url: 'https://a"b' }, { url: "https://x", caCerts: ["ok.pem", "bad\npath"] }] },
             { upstream: "docker.io", hosts: [] },
           ],
-          plugins: [{ path: [] }, { op: "remove", path: ["a"], values: {} }, { path: ["a", ""] }, { path: ["a"], values: { list: [1, null] } }],
+          plugins: [{ path: [] }, { op: "remove", path: ["a"], values: {} }, { path: ["a"], values: { list: [1, null] } }],
         },
       },
     });
@@ -344,8 +457,7 @@ describe("errors name the field", () => {
       'spec.criConfig.containerd.registries[2].upstream: duplicate "docker.io", also in spec.criConfig.containerd.registries[0]',
       "spec.criConfig.containerd.plugins[0].path: must name at least one key below plugins",
       "spec.criConfig.containerd.plugins[1].values: must not be set when op is remove",
-      "spec.criConfig.containerd.plugins[2].path[1]: must not be empty",
-      "spec.criConfig.containerd.plugins[3].values.list[1]: null is not allowed in an array (TOML has no null)",
+      "spec.criConfig.containerd.plugins[2].values.list[1]: null is not allowed in an array (TOML has no null)",
     ]);
   });
 
@@ -362,9 +474,8 @@ describe("errors name the field", () => {
   });
 
   test.each([
-    ["no version (version 1)", '[plugins.cri]\nsandbox_image = "x"\n', "/etc/containerd/config.toml: version: missing, i.e. containerd's config version 1, which trellis does not patch; want version 2 (containerd 1.x) or 3 (containerd 2.x)"],
-    ["version 1", "version = 1\n", "/etc/containerd/config.toml: version: 1 is not supported; want 2 (containerd 1.x), 3 (containerd 2.0–2.2) or 4 (containerd 2.3+)"],
-    ["version 5", "version = 5\n", "/etc/containerd/config.toml: version: 5 is not supported"],
+    ["version 5", "version = 5\n", "/etc/containerd/config.toml: version: 5 is not supported; want 1 or none, 2 (containerd 1.x), 3 (containerd 2.0–2.2) or 4 (containerd 2.3+)"],
+    ["version 0", "version = 0\n", "/etc/containerd/config.toml: version: 0 is not supported"],
     ["version as a string", 'version = "2"\n', "/etc/containerd/config.toml: version: 2 is not supported"],
     ["not TOML", "version = = 2\n", "/etc/containerd/config.toml: not valid TOML: line 1, column"],
   ])("current file with %s", (_, current, message) => {
@@ -372,7 +483,7 @@ describe("errors name the field", () => {
   });
 
   test("the default config is named when it is the one at fault", () => {
-    expect(errorsOf({ criConfig: cri(), defaultConfig: "root = '/x'\n" })[0]).toStartWith("containerd's default config: version: missing");
+    expect(errorsOf({ criConfig: cri(), defaultConfig: "version = 7\n" })[0]).toStartWith("containerd's default config: version: 7 is not supported");
   });
 
   test.each([
@@ -542,16 +653,16 @@ function withForeign(r: Rng, text: string): string {
 
 describe("properties (300 random criConfigs per base)", () => {
   test.each([
-    ["version 2", V2],
-    ["version 3", V3],
-    ["version 4", V4],
-  ])("%s: the result is stable, a semantic no-op returns the file as it is, and foreign settings survive", (_, base) => {
+    ["version 2", V2, "1.6.20"],
+    ["version 3", V3, "2.1.9"],
+    ["version 4", V4, "2.3.4"],
+  ])("%s: the result is stable, a semantic no-op returns the file as it is, and foreign settings survive", (_, base, containerdVersion) => {
     const r = prng(base.length);
     let ok = 0;
     for (let i = 0; i < 300; i++) {
       const c = randomCri(r);
       const current = r.chance(0.5) ? withForeign(r, base) : undefined;
-      const res = containerdDesired({ criConfig: c, defaultConfig: base, ...(current !== undefined ? { current } : {}) }, WHERE);
+      const res = containerdDesired({ criConfig: c, defaultConfig: base, containerdVersion, ...(current !== undefined ? { current } : {}) }, WHERE);
       if (!res.ok) {
         // Only the plugin ops can go wrong here (a path through a value); the errors say which.
         for (const e of res.errors) expect(e).toMatch(/^spec\.criConfig\.containerd\.plugins\[\d\]\.(path|values)/);
@@ -561,13 +672,13 @@ describe("properties (300 random criConfigs per base)", () => {
       const patched = res.value.configToml;
 
       // Idempotent: patching the result again gives the very same bytes and no change.
-      const again = containerdDesired({ criConfig: c, current: patched, defaultConfig: base }, WHERE);
+      const again = containerdDesired({ criConfig: c, current: patched, defaultConfig: base, containerdVersion }, WHERE);
       expect(again.ok && again.value.configToml).toBe(patched);
       expect(again.ok && again.value.configChanged).toBe(false);
 
       // Semantic no-op: the same document written differently is returned untouched.
       const reformatted = `# reformatted\n${stringify(toml(patched), { numbersAsFloat: true })}`;
-      const same = containerdDesired({ criConfig: c, current: reformatted, defaultConfig: base }, WHERE);
+      const same = containerdDesired({ criConfig: c, current: reformatted, defaultConfig: base, containerdVersion }, WHERE);
       expect(same.ok && same.value.configToml).toBe(reformatted);
 
       // configChanged is exactly "differs from current".

@@ -4,7 +4,7 @@ import { describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { chmodSync, chownSync, existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { open, readFile } from "node:fs/promises";
-import { checkNodePath, createFiles, FileError, type Files } from "../../src/host/files.ts";
+import { checkNodePath, createFiles, FileError, type Files, maxTreeDepth } from "../../src/host/files.ts";
 import { runDir } from "../harness/exec.ts";
 
 const runOk = (cmd: string[]) => {
@@ -262,6 +262,96 @@ describe("remove, removeDirIfEmpty, list", () => {
     expect(await files.list("/missing")).toEqual([]);
     expect(await files.list("/l/a/under-a-file")).toEqual([]);
     expect((await fileError(files.list("/l/a"))).message).toContain('list "/l/a"');
+  });
+});
+
+describe("removeTree", () => {
+  /** /d with files, a subdirectory, a hidden file, and symlinks to a directory and a file outside it. */
+  function tree() {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/d/sub/deeper`, { recursive: true });
+    mkdirSync(`${root}/outside`);
+    writeFileSync(`${root}/outside/keep`, "keep");
+    for (const p of ["/d/a.conf", "/d/.hidden", "/d/sub/b", "/d/sub/deeper/c"]) writeFileSync(`${root}${p}`, p);
+    symlinkSync(`${root}/outside`, `${root}/d/to-dir`);
+    symlinkSync("/outside/keep", `${root}/d/sub/to-file`);
+    return { root, files };
+  }
+
+  test("removes a directory with everything below it, links as links (what they name stays); false when nothing is there", async () => {
+    const { root, files } = tree();
+    expect(await files.removeTree("/d")).toBe(true);
+    expect(existsSync(`${root}/d`)).toBe(false);
+    expect(readdirSync(`${root}/outside`)).toEqual(["keep"]);
+    expect(await files.removeTree("/d")).toBe(false);
+    expect(await files.removeTree("/missing/d")).toBe(false);
+  });
+
+  test("a symlink or a file at the path is removed itself, never followed", async () => {
+    const { root, files } = tree();
+    symlinkSync(`${root}/d`, `${root}/link`);
+    expect(await files.removeTree("/link")).toBe(true);
+    expect(existsSync(`${root}/link`)).toBe(false);
+    expect(readdirSync(`${root}/d`).sort()).toEqual([".hidden", "a.conf", "sub", "to-dir"]);
+    expect(await files.removeTree("/d/a.conf")).toBe(true);
+    expect(existsSync(`${root}/d/a.conf`)).toBe(false);
+  });
+
+  test("what a removal cut short left (a kill midway) is removed by the next", async () => {
+    const { root, files } = tree();
+    Bun.spawnSync(["rm", "-rf", `${root}/d/sub/deeper`, `${root}/d/a.conf`]);
+    expect(await files.removeTree("/d")).toBe(true);
+    expect(existsSync(`${root}/d`)).toBe(false);
+  });
+
+  test("a directory in the tree that another user owns or may write in is not emptied: an error, and its parents stay", async () => {
+    for (const [how, setup, message] of [
+      ["owned by another user", (p: string) => chownSync(p, 4242, 4242), "is owned by uid 4242, not root"],
+      ["world-writable", (p: string) => chmodSync(p, 0o777), "is writable by other users"],
+      ["world-writable and sticky", (p: string) => chmodSync(p, 0o1777), "is writable by other users"],
+      ["group-writable by another group", (p: string) => (chownSync(p, 0, 4242), chmodSync(p, 0o775)), "is writable by other users"],
+    ] as const) {
+      const { root, files } = tree();
+      setup(`${root}/d/sub/deeper`);
+      const err = await fileError(files.removeTree("/d"));
+      expect({ how, message: err.message }).toEqual({ how, message: expect.stringContaining(`/d/sub/deeper ${message}`) });
+      expect(readFileSync(`${root}/d/sub/deeper/c`, "utf8")).toBe("/d/sub/deeper/c");
+      expect(existsSync(`${root}/d/sub`)).toBe(true);
+    }
+    const { root, files } = tree();
+    chownSync(`${root}/d`, 4242, 4242);
+    expect((await fileError(files.removeTree("/d"))).message).toContain("/d is owned by uid 4242, not root");
+    expect(readdirSync(`${root}/d`)).toContain("a.conf");
+  });
+
+  test("another user's file in a directory root owns is removed (as rm -rf does)", async () => {
+    const { root, files } = tree();
+    chownSync(`${root}/d/sub/b`, 4242, 4242);
+    lchownSync(`${root}/d/to-dir`, 4242, 4242);
+    expect(await files.removeTree("/d")).toBe(true);
+    expect(existsSync(`${root}/d`)).toBe(false);
+  });
+
+  test(`a tree deeper than ${maxTreeDepth} levels is refused, not a reason to run out of descriptors`, async () => {
+    const { root, files } = fresh();
+    const deep = `${root}/t/${Array.from({ length: maxTreeDepth + 1 }, (_, i) => `l${i}`).join("/")}`;
+    mkdirSync(deep, { recursive: true });
+    expect((await fileError(files.removeTree("/t"))).message).toContain(`is more than ${maxTreeDepth} levels deep`);
+    expect(existsSync(deep)).toBe(true);
+  });
+
+  test("the path goes through the same checks as any other: no walking through a directory others may rename entries in", async () => {
+    const { root, files } = fresh();
+    mkdirSync(`${root}/open/d`, { recursive: true });
+    chmodSync(`${root}/open`, 0o777);
+    writeFileSync(`${root}/open/d/x`, "x");
+    expect((await fileError(files.removeTree("/open/d/x"))).message).toContain("lets other users rename d");
+    expect(existsSync(`${root}/open/d/x`)).toBe(true);
+  });
+
+  test("the root itself cannot be removed", async () => {
+    const { files } = fresh();
+    expect((await fileError(files.removeTree("/"))).message).toContain("cannot remove the root directory");
   });
 });
 

@@ -7,6 +7,7 @@ import { driftInSteps } from "../../src/plan/drift.ts";
 import { type Desired, type DesiredFile, type DesiredUnit, sha256Hex, type UnitCommand } from "../../src/api/desired.ts";
 import { dropInPath, unitFilePath } from "../../src/api/paths.ts";
 import { emptyOwned, type Owned, type OwnedUnit } from "../../src/api/state.ts";
+import { ownedAfter, settleOwned, unitSpecDigest } from "../../src/plan/owned.ts";
 import { makePlan, unitFileMode } from "../../src/plan/plan.ts";
 import { type Plan, PlanSchema, type Step } from "../../src/api/plan.ts";
 import type { Observed } from "../../src/plan/types.ts";
@@ -53,6 +54,7 @@ function ownedFrom(d: Desired): Owned {
       enable: u.enable,
       ...(u.command ? { command: u.command } : {}),
       dropIns: Object.fromEntries(u.dropIns.map((x) => [x.name, x.sha256])),
+      spec: unitSpecDigest(u),
     };
   }
   return owned;
@@ -89,8 +91,10 @@ const observed = (disk: Disk, units?: Units): Observed => (units ? { files: disk
 const plan = (d: Desired, owned: Owned, obs: Observed, selfUnit = SELF): Plan => makePlan({ checksum: CHECKSUM, desired: d, owned, observed: obs, selfUnit });
 
 /** The node after a complete apply of `before`, planning `after`. */
-function change(before: Desired, after: Desired, opts: { disk?: Record<string, string | null>; units?: Record<string, Partial<UnitState>>; noSystemd?: boolean } = {}): Plan {
-  return plan(after, ownedFrom(before), observed(diskFrom(before, opts.disk), opts.noSystemd ? undefined : unitsFrom(before, opts.units)));
+/** `dropInDirs`: units whose drop-in directory exists on the node. */
+function change(before: Desired, after: Desired, opts: { disk?: Record<string, string | null>; units?: Record<string, Partial<UnitState>>; noSystemd?: boolean; dropInDirs?: string[] } = {}): Plan {
+  const obs = observed(diskFrom(before, opts.disk), opts.noSystemd ? undefined : unitsFrom(before, opts.units));
+  return plan(after, ownedFrom(before), opts.dropInDirs ? { ...obs, dropInDirs: new Set(opts.dropInDirs) } : obs);
 }
 
 /** "write /etc/x", "remove /etc/y", "daemon-reload", "restart a.service" … */
@@ -253,11 +257,18 @@ describe("files", () => {
     expect(reasonOf(p, "write /etc/a")).toBe("content differs from the OSC");
   });
 
-  test("a file removed from the OSC is removed when trellis wrote it, and the units listing it restart", () => {
+  test("a file removed from the OSC is removed when trellis wrote it; a unit that still lists it is not restarted (gardener-node-agent)", () => {
     const p = change(node(), node({}, [sysctl]));
-    expect(shown(p)).toEqual([`remove ${kubeletConf.path}`, "restart kubelet.service"]);
+    expect(shown(p)).toEqual([`remove ${kubeletConf.path}`]);
     expect(reasonOf(p, `remove ${kubeletConf.path}`)).toBe("removed from the OSC");
     expect(stepFor(p, `remove ${kubeletConf.path}`)).toMatchObject({ target: { type: "file" } });
+  });
+
+  test("a file removed from the OSC with the unit's filePaths: the unit changed, and restarts", () => {
+    const kubelet = unit("kubelet.service", { content: base.kubelet.content ?? "", dropIns: { "10-env.conf": "[Service]\nEnvironment=A=1\n" } });
+    const p = change(node(), node({ kubelet }, [sysctl]));
+    expect(shown(p)).toEqual([`remove ${kubeletConf.path}`, "restart kubelet.service"]);
+    expect(reasonOf(p, "restart kubelet.service")).toBe("changed in the OSC");
   });
 
   test("a file removed from the OSC that trellis never wrote is left alone", () => {
@@ -326,18 +337,74 @@ describe("unit files and drop-ins", () => {
     expect(shown(p)).toEqual([`write ${D("containerd.service", "30-env_config.conf")}`, "daemon-reload", "restart containerd.service"]);
   });
 
-  test("foreign drop-ins (on disk, not owned) are never removed, even when the unit has no drop-ins in the OSC", () => {
-    const foreign = { [D("containerd.service", "99-admin.conf")]: "[Service]\nNice=5\n", [D("kubelet.service", "99-admin.conf")]: "x" };
-    const noDropIns = node({ containerd: unit("containerd.service"), kubelet: unit("kubelet.service", { content: base.kubelet.content ?? "", filePaths: [kubeletConf.path] }) });
-    const p = change(node(), noDropIns, { disk: foreign });
+  test("foreign drop-ins of a unit that keeps drop-ins in the OSC are never removed", () => {
+    const foreign = { [D("containerd.service", "99-admin.conf")]: "[Service]\nNice=5\n" };
+    const p = change(node(), node({ containerd: unit("containerd.service", { dropIns: { "40-limits.conf": "[Service]\nLimitNOFILE=1048576\n" } }) }), { disk: foreign });
+    expect(shown(p)).toEqual([`write ${D("containerd.service", "40-limits.conf")}`, `remove ${D("containerd.service", "30-env_config.conf")}`, "daemon-reload", "restart containerd.service"]);
+  });
+});
+
+describe("a unit the OSC gives no drop-ins: its whole drop-in directory goes when the unit changes (gardener-node-agent)", () => {
+  const dir = (name: string) => `${U(name)}.d`;
+  const foreign = { [D("containerd.service", "99-admin.conf")]: "[Service]\nNice=5\n", [D("kubelet.service", "99-admin.conf")]: "x" };
+  const noDropIns = node({ containerd: unit("containerd.service"), kubelet: unit("kubelet.service", { content: base.kubelet.content ?? "", filePaths: [kubeletConf.path] }) });
+
+  test("its last drop-ins left the OSC: trellis's are removed, then the directory with what others put there", () => {
+    const p = change(node(), noDropIns, { disk: foreign, dropInDirs: ["kubelet.service", "containerd.service"] });
     expect(shown(p)).toEqual([
       `remove ${D("kubelet.service", "10-env.conf")}`,
+      `remove ${dir("kubelet.service")}`,
       `remove ${D("containerd.service", "30-env_config.conf")}`,
+      `remove ${dir("containerd.service")}`,
       "daemon-reload",
       "restart kubelet.service",
       "restart containerd.service",
     ]);
-    expect(change(noDropIns, noDropIns, { disk: foreign }).steps).toEqual([]);
+    expect(stepFor(p, `remove ${dir("kubelet.service")}`)).toEqual({
+      kind: "remove",
+      target: { type: "drop-ins", unit: "kubelet.service" },
+      path: dir("kubelet.service"),
+      reason: "the OSC gives this unit no drop-ins",
+    });
+    expect(v.parse(PlanSchema, JSON.parse(JSON.stringify(p)))).toEqual(p);
+  });
+
+  test("an unchanged unit keeps whatever drop-ins others put there since (gardener-node-agent looks only at changed units)", () => {
+    expect(change(noDropIns, noDropIns, { disk: foreign, dropInDirs: ["kubelet.service", "containerd.service"] }).steps).toEqual([]);
+  });
+
+  const valitail = (s: UnitSpec) => node({ valitail: unit("valitail.service", { content: base.valitail.content ?? "", ...s }) });
+  test.each<[string, Desired, Desired, string]>([
+    ["new to the node", node({ valitail: null }), node(), "new unit"],
+    ["whose unit file changed", node(), valitail({ content: "v2" }), "unit file: content changed"],
+    ["whose filePaths alone changed", node(), valitail({ filePaths: [sysctl.path] }), "changed in the OSC"],
+    ["whose command alone changed", node(), valitail({ command: "restart" }), "changed in the OSC"],
+  ])("a unit %s, with a drop-in directory on the node: removed, daemon-reload, restart", (_, from, after, cause) => {
+    const p = change(from, after, { dropInDirs: ["valitail.service"] });
+    expect(shown(p).filter((s) => !s.startsWith("write") && !s.startsWith("enable"))).toEqual([`remove ${dir("valitail.service")}`, "daemon-reload", "restart valitail.service"]);
+    expect(reasonOf(p, "restart valitail.service")).toBe(cause);
+  });
+
+  test("a changed unit that is to be stopped loses the directory too, and is stopped, not restarted", () => {
+    const p = change(node(), node({ valitail: unit("valitail.service", { content: "v2", command: "stop" }) }), { dropInDirs: ["valitail.service"] });
+    expect(shown(p)).toEqual([`write ${U("valitail.service")}`, `remove ${dir("valitail.service")}`, "enable valitail.service", "daemon-reload", "stop valitail.service"]);
+  });
+
+  test("no directory on the node: no step", () => {
+    expect(shown(change(node(), node({ valitail: unit("valitail.service", { content: "v2" }) })))).not.toContain(`remove ${dir("valitail.service")}`);
+  });
+
+  test("a unit that leaves the OSC keeps others' drop-ins: only trellis's go (the directory only if empty, gardener-node-agent's removeDeletedUnits)", () => {
+    const p = change(node(), node({ kubelet: null }), { disk: foreign, dropInDirs: ["kubelet.service"] });
+    expect(shown(p)).not.toContain(`remove ${dir("kubelet.service")}`);
+    expect(shown(p)).toContain(`remove ${D("kubelet.service", "10-env.conf")}`);
+  });
+
+  test("removing the directory forgets every drop-in trellis owned of that unit", () => {
+    const owned = ownedFrom(node());
+    const after = ownedAfter(owned, { kind: "remove", target: { type: "drop-ins", unit: "kubelet.service" }, path: dir("kubelet.service"), reason: "r" });
+    expect(after.units["kubelet.service"]?.dropIns).toEqual({});
+    expect(owned.units["kubelet.service"]?.dropIns).toEqual({ "10-env.conf": sha256Hex("[Service]\nEnvironment=A=1\n") });
   });
 });
 
@@ -512,7 +579,8 @@ describe("the agent's own unit", () => {
     ["command: stop", { command: "stop" }],
   ])("an OSC with %s for the agent's own unit does not make the agent stop or disable itself", (_, spec) => {
     const running = desired([unit(SELF, { content: "gna v1" }), unit("a.service", { content: "a" })]);
-    expect(change(running, desired([unit(SELF, { content: "gna v1", ...spec }), unit("a.service", { content: "a" })])).steps).toEqual([]);
+    // Its unit changed in the OSC: gardener-node-agent restarts itself for that too.
+    expect(shown(change(running, desired([unit(SELF, { content: "gna v1", ...spec }), unit("a.service", { content: "a" })])))).toEqual([`restart ${SELF}`]);
     const p = change(running, desired([unit(SELF, { content: "gna v2", ...spec }), unit("a.service", { content: "a2" })]));
     expect(shown(p)).toEqual([`write ${U(SELF)}`, `write ${U("a.service")}`, `enable ${SELF}`, "enable a.service", "daemon-reload", "restart a.service", `restart ${SELF}`]);
   });
@@ -536,8 +604,9 @@ describe("a path that changes role between two OSCs", () => {
 
   test("a drop-in that becomes a plain file is kept, not removed after being written", () => {
     const before = desired([unit("containerd.service", { dropIns: { "10-x.conf": "x" } })]);
-    const p = change(before, desired([unit("containerd.service")], [file(D("containerd.service", "10-x.conf"), "y")]));
-    expect(shown(p)).toEqual([`write ${D("containerd.service", "10-x.conf")}`]);
+    const p = change(before, desired([unit("containerd.service")], [file(D("containerd.service", "10-x.conf"), "y")]), { dropInDirs: ["containerd.service"] });
+    // The unit changed (its drop-ins did); its drop-in directory, which holds a file of the OSC, stays.
+    expect(shown(p)).toEqual([`write ${D("containerd.service", "10-x.conf")}`, "restart containerd.service"]);
   });
 
   test("a drop-in of a unit leaving the OSC that becomes a plain file is kept", () => {
@@ -701,12 +770,14 @@ function ownedPaths(o: Owned): Set<string> {
 }
 
 function observe(sim: Sim, d: Desired, withSystemd: boolean): Observed {
-  if (!withSystemd) return { files: new Map(sim.disk) };
+  const dirs = new Set(d.units.filter((u) => u.dropIns.length === 0 && [...sim.disk.keys()].some((p) => p.startsWith(`${U(u.name)}.d/`))).map((u) => u.name));
+  const dropInDirs = dirs.size > 0 ? { dropInDirs: dirs } : {};
+  if (!withSystemd) return { files: new Map(sim.disk), ...dropInDirs };
   const units: Units = new Map();
   for (const name of new Set([...d.units.map((u) => u.name), ...Object.keys(sim.owned.units)])) {
     units.set(name, { ...(sim.units.get(name) ?? { unitFileState: "", activeState: "inactive" }) });
   }
-  return { files: new Map(sim.disk), units };
+  return { files: new Map(sim.disk), units, ...dropInDirs };
 }
 
 /** Executes a plan on the simulated node as the executor does: disk, systemd, and Owned step by step, then settled. */
@@ -735,7 +806,11 @@ function execute(p: Plan, d: Desired, sim: Sim): void {
         else if (s.target.type === "unit") {
           delete ownUnit(s.target.unit).sha256;
           sim.units.delete(s.target.unit);
-        } else delete ownUnit(s.target.unit).dropIns[s.target.name];
+        } else if (s.target.type === "drop-in") delete ownUnit(s.target.unit).dropIns[s.target.name];
+        else {
+          for (const path of [...sim.disk.keys()]) if (path.startsWith(`${s.path}/`)) sim.disk.delete(path);
+          ownUnit(s.target.unit).dropIns = {};
+        }
         break;
       case "enable":
         if (installable(s.unit) && state(s.unit).unitFileState !== "static") state(s.unit).unitFileState = "enabled";
@@ -755,10 +830,7 @@ function execute(p: Plan, d: Desired, sim: Sim): void {
         break;
     }
   }
-  // A complete apply forgets units that left the OSC and records every desired unit's enablement.
-  const units: Owned["units"] = {};
-  for (const u of d.units) units[u.name] = { ...(sim.owned.units[u.name] ?? { dropIns: {} }), enable: u.enable };
-  sim.owned = { version: 1, files: sim.owned.files, units };
+  sim.owned = settleOwned(sim.owned, d);
 }
 
 /** Someone edits the node between applies. */
@@ -785,6 +857,11 @@ function checkPlan(p: Plan, d: Desired, sim: Sim, where: string): void {
   for (const s of p.steps) {
     if (s.kind === "write") {
       if (want.get(s.path) !== s.sha256) throw new Error(ctx(`write ${s.path} is not the desired content`));
+    }
+    if (s.kind === "remove" && s.target.type === "drop-ins") {
+      // A whole drop-in directory goes only for a unit the OSC gives none, and systemd reloads after it.
+      if (!d.units.some((u) => u.name === (s.target as { unit: string }).unit && u.dropIns.length === 0)) throw new Error(ctx(`${show(s)}: the unit has drop-ins in the OSC`));
+      continue;
     }
     if (s.kind === "remove" && !owned.has(s.path)) throw new Error(ctx(`remove ${s.path}: not owned`));
     if ((s.kind === "write" || s.kind === "remove") && POOL.foreign.includes(s.path)) throw new Error(ctx(`touched foreign ${s.path}`));
@@ -835,6 +912,8 @@ describe("property: random OSC histories", () => {
         const p = plan(d, sim.owned, observe(sim, d, withSystemd));
         expect(plan(d, structuredClone(sim.owned), observe(sim, d, withSystemd))).toEqual(p);
         checkPlan(p, d, sim, where);
+        // Foreign drop-ins go with their unit's drop-in directory (the only way they may go), and stay gone.
+        for (const s of p.steps) if (s.kind === "remove" && s.target.type === "drop-ins") for (const f of foreignBefore.keys()) if (f.startsWith(`${s.path}/`)) foreignBefore.set(f, undefined);
         execute(p, d, sim);
         const again = plan(d, sim.owned, observe(sim, d, withSystemd));
         if (again.steps.length) throw new Error(`${where}: not converged after applying\n${shown(p).join("\n")}\nthen:\n${shown(again).join("\n")}`);

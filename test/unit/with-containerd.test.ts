@@ -12,11 +12,12 @@ import { withContainerd } from "../../src/plan/with-containerd.ts";
 const WHERE = "Secret kube-system/osc: spec.criConfig";
 const envDropIn = { unit: "containerd.service", name: "30-env_config.conf", content: '[Service]\nEnvironment="PATH=/var/bin/containerruntimes:/usr/bin"\n' } as const;
 
-function cd(config: string, registries: Record<string, string> = {}, pending: string[] = []): ContainerdDesired {
+function cd(config: string, registries: Record<string, string> = {}, pending: string[] = [], notes: string[] = []): ContainerdDesired {
   return {
     configToml: config,
     configChanged: true,
     configVersion: 2,
+    notes,
     hostsFiles: Object.entries(registries).map(([upstream, content]) => ({ upstream, path: hostsTomlPath(upstream), content })),
     pendingRegistries: pending,
     upstreams: [...Object.keys(registries), ...pending],
@@ -97,6 +98,11 @@ describe("containerd's configuration as desired files and unit", () => {
     const d = merged(empty(), cd("version = 2\n", {}, ["mirror.example"]));
     expect(d.keep).toEqual([hostsTomlPath("mirror.example")]);
     expect(d.files.map((f) => f.path)).toEqual([containerdConfigFile]);
+  });
+
+  test("what containerd may not act on is reported with the OSC's unsupported parts", () => {
+    const d = merged({ ...empty(), unsupported: ["other"] }, cd("imports = []\n", {}, [], ["config.toml has no version"]));
+    expect(d.unsupported).toEqual(["other", "config.toml has no version"]);
   });
 });
 

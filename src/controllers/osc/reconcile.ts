@@ -119,7 +119,7 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   await ctx.secretRefs.keepOnly(secretRefsOf(layered.value.osc, deps.hostName));
   if (!resolved.ok) {
     const wait = await invalid(ctx, checksum, resolved.errors);
-    return { wait: resolved.retry ? retryWait(ctx, "an image could not be fetched") : wait };
+    return { wait: resolved.retry ? retryWait(ctx, "an image could not be fetched, or containerd did not say its version") : wait };
   }
   const agentState = await deps.store.read();
   const selfUpdateProblem = await checkSelfUpdate(resolved.value, {
