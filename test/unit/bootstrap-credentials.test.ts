@@ -78,4 +78,4 @@ test("the bootstrap kubeconfig is removed once kubelet has its own credentials, 
   } finally {
     await cleanup.stop();
   }
-});
+}, 30_000);
