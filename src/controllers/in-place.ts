@@ -25,7 +25,7 @@ import { createOsUpdater, nodeOsVersion, type OsUpdate, type OsUpdateOutcome, os
 import type { TokenController } from "./token.ts";
 import type { NodeSource } from "./types.ts";
 import type { Kube } from "../kube/client.ts";
-import { patchNodeMetadata } from "../kube/node.ts";
+import { patchNodeMetadata, readNode } from "../kube/node.ts";
 import { deletePodsOnNode } from "../kube/pods.ts";
 import type { Logger } from "../log.ts";
 
@@ -210,7 +210,9 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       return outcome;
     }
     if (outcome) return outcome;
-    if (name && awaitsResult(deps.node.current())) {
+    // Confirmed on the Node as it is now: the watch's copy may not show this agent's report of a moment ago
+    // yet, and the Pods that report restarted would be deleted again.
+    if (name && awaitsResult(deps.node.current()) && awaitsResult(await readNode(deps.kube, name))) {
       // As gardener-node-agent: what the drain left on the node goes before the node is reported updated. A
       // failure here is a reconcile error, retried (the update itself is done: no update-result=failed).
       const deleted = await deletePodsOnNode(deps.kube, name).catch((err: unknown) => {

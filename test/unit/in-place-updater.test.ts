@@ -19,6 +19,8 @@ import { runDir } from "../harness/exec.ts";
 
 type Call = { method: string; path: string; body?: unknown };
 let calls: Call[] = [];
+/** The Node as the API server has it (the agent's watch may lag it). */
+let apiNode: V1Node;
 let server: ReturnType<typeof Bun.serve>;
 let kube: Kube;
 const nodeName = "node-a";
@@ -31,6 +33,7 @@ beforeAll(() => {
       const url = new URL(req.url);
       const body = req.method === "PATCH" ? await req.json() : undefined;
       calls.push({ method: req.method, path: `${url.pathname}${url.search}`, ...(body ? { body } : {}) });
+      if (req.method === "GET" && url.pathname === `/api/v1/nodes/${nodeName}`) return Response.json(apiNode);
       if (req.method === "GET" && url.pathname === "/api/v1/pods") {
         return Response.json({ kind: "PodList", apiVersion: "v1", metadata: {}, items: [{ metadata: { namespace: "kube-system", name: "left-by-drain" }, spec: { nodeName } }] });
       }
@@ -71,6 +74,7 @@ ${extra}`;
 
 async function setUp(node: V1Node, tokens: InPlaceUpdaterDeps["tokens"], certificate?: InPlaceUpdaterDeps["certificate"]) {
   calls = [];
+  apiNode = { kind: "Node", apiVersion: "v1", ...node };
   const files: Files = createFiles(mkdtempSync(`${runDir("in-place-updater-unit")}/root-`));
   await files.writeAtomic("/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n', 0o644);
   const updater = createInPlaceUpdater({
@@ -101,11 +105,19 @@ describe("the end of a reconcile of a new OSC of an in-place pool", () => {
     const { updater } = await setUp(drained(), noTokens);
     expect(await updater.finish("c2", noInPlaceChanges, undefined)).toBeUndefined();
     expect(calls.map((c) => `${c.method} ${c.path}`)).toEqual([
+      `GET /api/v1/nodes/${nodeName}`,
       `GET /api/v1/pods?fieldSelector=${encodeURIComponent(`spec.nodeName=${nodeName}`)}`,
       "DELETE /api/v1/namespaces/kube-system/pods/left-by-drain",
       `PATCH /api/v1/nodes/${nodeName}`,
     ]);
-    expect(calls[2]?.body).toEqual({ metadata: { labels: { [resultLabel]: "successful" }, annotations: { [failedReason]: null, [updatingOs]: null } } });
+    expect(calls[3]?.body).toEqual({ metadata: { labels: { [resultLabel]: "successful" }, annotations: { [failedReason]: null, [updatingOs]: null } } });
+  });
+
+  test("the watch's Node still without the result this agent reported a moment ago: the Node as it is now says so, and its Pods are not deleted again", async () => {
+    const { updater } = await setUp(drained(), noTokens);
+    apiNode = { ...apiNode, metadata: { ...apiNode.metadata, labels: { [resultLabel]: "successful" } } };
+    expect(await updater.finish("c2", noInPlaceChanges, undefined)).toBeUndefined();
+    expect(calls.map((c) => `${c.method} ${c.path}`)).toEqual([`GET /api/v1/nodes/${nodeName}`]);
   });
 
   test("no in-place work, machine-controller-manager not waiting (no drain, no failure): nothing asked of the API server", async () => {
