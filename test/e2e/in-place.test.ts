@@ -103,7 +103,7 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);
 
-  test("a CA rotation in place: the agent's and kubelet's client certificates requested anew, kubelet healthy and the node Ready, update-result=successful", async () => {
+  test("a CA rotation in place: the agent's and kubelet's client certificates requested anew (the agent uses its new one without restarting; kubelet's bootstrap kubeconfig goes afterwards), kubelet healthy and the node Ready, update-result=successful", async () => {
     const agentKubeconfig = "/var/lib/gardener-node-agent/credentials/kubeconfig";
     const kubeletCert = "/var/lib/kubelet/pki/kubelet-client-current.pem";
     const [agentBefore, kubeletBefore, before] = [await w.bare.node.readFile(agentKubeconfig), await w.bare.node.readFile(kubeletCert), await unitPids(w)];
