@@ -1,6 +1,7 @@
 // An in-place update this node has started (src/plan/in-place.ts tells what it asks for): kept until
-// it is finished, because the apply records the new OSC as applied before kubelet has proved healthy,
-// and the next reconcile would otherwise see no in-place work left and report the update done.
+// it is finished, each part cleared as it is done, because the apply records the new OSC as applied
+// before kubelet has proved healthy, and the next reconcile (of this OSC or a newer one) would otherwise
+// see no in-place work left and report the update done.
 import * as v from "valibot";
 import { baseDir } from "./paths.ts";
 import { object } from "./shapes.ts";

@@ -31,6 +31,8 @@ export type ApplyDeps = {
   now?: () => Date;
   /** The plan the caller already made for this OSC (and weighed for its rollout): applied as it is, not made again. */
   planned?: { plan: Plan; owned: Owned };
+  /** What the caller adds to a new plan before it is persisted (an in-place update's removal of kubelet's stale state). */
+  amend?: (plan: Plan) => Plan;
 };
 
 export type StepFailure = { step: Step; error: string };
@@ -62,14 +64,14 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
     deps.log.info("an unfinished apply of an older OSC was superseded", { checksum, pendingRestarts: carried.pending });
     const fresh = await planFresh(desired, checksum, state.owned, deps);
     state = { ...state, owned: fresh.owned };
-    progress = { checksum, plan: withPending(fresh.plan, carried.pending, desired, deps.selfUnit), done: [] };
+    progress = { checksum, plan: amended(withPending(fresh.plan, carried.pending, desired, deps.selfUnit), deps), done: [] };
   } else if (progress) {
     resumed = true;
     deps.log.info("resuming an unfinished apply", { checksum, steps: progress.plan.steps.length, done: progress.done.length });
   } else {
     const fresh = deps.planned ?? (await planFresh(desired, checksum, state.owned, deps));
     state = { ...state, owned: fresh.owned };
-    progress = { checksum, plan: fresh.plan, done: [] };
+    progress = { checksum, plan: amended(fresh.plan, deps), done: [] };
   }
 
   if (progress.plan.steps.length === 0) {
@@ -98,6 +100,8 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
   }
   return { checksum, plan: progress.plan, resumed, executed: run.executed, failures: run.failures, complete, restartingSelf };
 }
+
+const amended = (plan: Plan, deps: ApplyDeps): Plan => deps.amend?.(plan) ?? plan;
 
 function planFresh(desired: Desired, checksum: string, owned: Owned, deps: ApplyDeps): Promise<{ plan: Plan; owned: Owned }> {
   return planForNode({ desired, checksum, owned, files: deps.files, systemd: deps.systemd, selfUnit: deps.selfUnit });

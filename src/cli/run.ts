@@ -153,7 +153,7 @@ export async function run(args: string[]): Promise<number> {
     rollout,
     osc,
     startDriftController({ ...shared, metrics, osc, selfUnit: agentUnit, config: controllers.drift }),
-    startBootstrapCredentialsCleanup({ files, node, store, log }),
+    startBootstrapCredentialsCleanup({ files, node, store, log, osc }),
     startLeaseController({ kube, node, log, metrics, status }),
     tokens,
     startHealthController({ systemd, kube, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),

@@ -4,11 +4,18 @@
 // slow, or restarted before its certificate request was approved, would never join. So, as
 // gardener-node-agent does, only once the Node is registered, and beyond it, only once kubelet holds
 // its own credentials (a Node can exist before kubelet registered it: created by a provider or a test).
+//
+// And not only once: as gardener-node-agent deletes them at every reconcile, they are looked at again after
+// every reconcile of the OSC controller. A certificate authority rotation gives kubelet a bootstrap
+// kubeconfig again, holding its old client key, and it must not stay on disk once kubelet has its new
+// certificate. The check runs between reconciles, never during one: the rotation writes that kubeconfig
+// before it removes kubelet's own, and a check in between would take the one kubelet is to bootstrap with.
 import { kubelet, paths } from "../api/paths.ts";
 import type { StateStore } from "../apply/state-store.ts";
 import type { Files } from "../host/files.ts";
 import { describeError, type Logger } from "../log.ts";
 import { later } from "../loops.ts";
+import type { OscController } from "./osc/controller.ts";
 import type { Controller, NodeSource } from "./types.ts";
 
 export type BootstrapCredentialsDeps = {
@@ -16,6 +23,8 @@ export type BootstrapCredentialsDeps = {
   node: NodeSource;
   store: StateStore;
   log: Logger;
+  /** The OSC controller: the check runs between its reconciles, and after each of them. */
+  osc: Pick<OscController, "between" | "onReconciled">;
   /** How often the conditions are looked at while credentials remain (default 5 s, as gardener-node-agent requeues). */
   intervalMs?: number;
 };
@@ -50,17 +59,21 @@ export function startBootstrapCredentialsCleanup(deps: BootstrapCredentialsDeps)
   };
 
   const tick = async () => {
-    const done = await check().catch((err: unknown) => {
+    next.cancel();
+    const done = await deps.osc.between(check).catch((err: unknown) => {
+      if (stopped) return true;
       log.warn("could not check or remove the bootstrap credentials", { error: describeError(err) });
       return false;
     });
     if (!done && !stopped) next.in(deps.intervalMs ?? 5_000);
   };
   void tick();
+  const unsubscribe = deps.osc.onReconciled(() => void tick());
 
   return {
     stop: async () => {
       stopped = true;
+      unsubscribe();
       next.cancel();
     },
   };

@@ -2,7 +2,9 @@
 // does: MCM drains the node and sets the Node condition InPlaceUpdate with reason ReadyForUpdate; the
 // agent then updates the node, deletes the Pods the drain left on it (src/kube/pods.ts) and labels it
 // update-result=successful (or failed, with the reason in an annotation, the Pods left alone), which MCM
-// turns into the Machine's phase. Until then the OSC is not reported as applied.
+// turns into the Machine's phase. Until then the OSC is not reported as applied. As gardener-node-agent,
+// every reconcile that applies a new OSC of an in-place pool ends so, whether or not that OSC asks for
+// in-place work: an OSC that reverts a failed update's version, say, tells MCM the node is fine again.
 import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../api/desired.ts";
 import { type InPlaceChanges, inPlaceStatePath, InPlaceStateSchema } from "../api/in-place-state.ts";
@@ -14,7 +16,7 @@ import { machineBoot } from "../host/boot-clock.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { type CaRef, renderKubeconfig } from "../kube/csr-kubeconfig.ts";
-import { inPlaceChanges, noInPlaceChanges, partsOf } from "../plan/in-place.ts";
+import { carryOver, hasInPlaceChanges, inPlaceChanges, noInPlaceChanges, partsOf } from "../plan/in-place.ts";
 import { abortableSleep } from "../time.ts";
 import { describeError } from "../log.ts";
 import { defaultKubeletHealthz, kubeletHealthz } from "./health.ts";
@@ -23,7 +25,7 @@ import { createOsUpdater, nodeOsVersion, type OsUpdate, type OsUpdateOutcome, os
 import type { TokenController } from "./token.ts";
 import type { NodeSource } from "./types.ts";
 import type { Kube } from "../kube/client.ts";
-import { patchNodeMetadata } from "../kube/node.ts";
+import { patchNodeMetadata, readNode } from "../kube/node.ts";
 import { deletePodsOnNode } from "../kube/pods.ts";
 import type { Logger } from "../log.ts";
 
@@ -64,6 +66,13 @@ const updateSucceeded = {
   annotations: { [machineUpdate.failedReason]: null, [machineUpdate.updatingOsVersion]: null },
 };
 
+/**
+ * Whether this reconcile ends as gardener-node-agent's in-place reconcile does (performInPlaceUpdate):
+ * it applies an OSC of an in-place pool (spec.inPlaceUpdates) that the Node does not carry as applied.
+ */
+export const endsInPlace = (osc: OperatingSystemConfig, nodeApplied: string | undefined, checksum: string): boolean =>
+  Boolean(osc.spec.inPlaceUpdates) && nodeApplied !== checksum;
+
 /** Whether machine-controller-manager waits for this node's result (gardener-node-agent's test). */
 export function awaitsResult(node: V1Node | undefined): boolean {
   const result = node?.metadata?.labels?.[machineUpdate.resultLabel];
@@ -74,9 +83,6 @@ export function awaitsResult(node: V1Node | undefined): boolean {
 export const mayUpdateInPlace = (node: V1Node | undefined): boolean => readyForUpdate(node) || node?.metadata?.labels?.[machineUpdate.resultLabel] === machineUpdate.failed;
 
 const createInPlaceStore = (files: Files) => jsonStore(files, inPlaceStatePath, InPlaceStateSchema, () => ({}));
-
-/** kubelet's CPU manager state: stale once cpuManagerPolicy changed, and kubelet refuses to start with it. */
-const cpuManagerState = "/var/lib/kubelet/cpu_manager_state";
 
 /** How long kubelet may take to answer /healthz after its in-place update, and how often it is asked (gardener-node-agent's). */
 const kubeletHealthTimeoutMs = 5 * 60_000;
@@ -152,11 +158,16 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
   const os = createOsUpdater({ ...deps, store, boot: deps.boot ?? machineBoot, ...(deps.osUpdateRetry ? { retry: deps.osUpdateRetry } : {}) });
   const failed = (why: string | undefined): InPlaceOutcome => (why === undefined ? undefined : { failed: why, final: false });
 
-  /** The in-place work `osc` (as `checksum`) asks of this node; once applied, what was recorded of it. */
+  /**
+   * The in-place work `osc` (as `checksum`) asks of this node; once begun, what is left of it (each part is
+   * recorded done as it is, as gardener-node-agent records it: a crash, or a failure after it, does not do
+   * it again). What an unfinished update of an older OSC left undone is owed by this one (carryOver).
+   */
   async function work(osc: OperatingSystemConfig, checksum: string, source: string): Promise<Result<InPlaceChanges>> {
     const pending = (await store.read()).pending;
-    // Once applied, the OSC is the last applied one: what is left of its in-place update is what was recorded.
-    return pending?.checksum === checksum ? { ok: true, value: pending.changes } : inPlaceChangesOnNode(deps.files, osc, source);
+    if (pending?.checksum === checksum) return { ok: true, value: pending.changes };
+    const changes = await inPlaceChangesOnNode(deps.files, osc, source);
+    return changes.ok && pending && osc.spec.inPlaceUpdates ? { ok: true, value: carryOver(pending.changes, changes.value) } : changes;
   }
 
   /** Why an in-place update waits before anything else (machine-controller-manager has not drained the node); undefined once drained. */
@@ -165,20 +176,32 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
     return mayUpdateInPlace(deps.node.current()) ? undefined : `${what} in place waits for machine-controller-manager to drain the node (Node condition InPlaceUpdate, reason ReadyForUpdate)`;
   }
 
-  /**
-   * Right before an admitted in-place update is applied: it is recorded, and kubelet's stale CPU manager
-   * state removed if cpuManagerPolicy changes (not earlier: a drained node may still wait for its window).
-   */
+  /** Right before an admitted in-place update is applied: it is recorded (the apply records the OSC as applied, its in-place work is not done yet). */
   async function begin(checksum: string, changes: InPlaceChanges): Promise<void> {
     const state = await store.read();
     if (state.pending?.checksum !== checksum) await store.write({ ...state, pending: { checksum, changes } });
     deps.log.info("updating the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
-    if (changes.cpuManagerPolicy) await deps.files.remove(cpuManagerState);
   }
 
-  /** After the apply: the rest of the update, in gardener-node-agent's order; then machine-controller-manager is told the result. */
+  /** Records parts of the update `checksum` as done. */
+  async function done(checksum: string, parts: (keyof InPlaceChanges)[]): Promise<void> {
+    const state = await store.read();
+    if (state.pending?.checksum !== checksum) return;
+    const changes = { ...state.pending.changes };
+    for (const part of parts) {
+      if (part === "operatingSystem" || part === "kubeletMinorVersion") delete changes[part];
+      else changes[part] = false;
+    }
+    await store.write({ ...state, pending: { checksum, changes } });
+  }
+
+  /**
+   * After the apply of a new OSC of an in-place pool (endsInPlace): the rest of its in-place work, if any, in
+   * gardener-node-agent's order; then, whatever the work was, machine-controller-manager is told the result
+   * if it waits for one.
+   */
   async function finish(checksum: string, changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
-    const outcome = await perform(changes, osUpdate);
+    const outcome = await perform(checksum, changes, osUpdate);
     // A wait or command cut short by the agent's stop says nothing about the update: it stays pending.
     if (deps.signal.aborted) return { stopped: `the agent stopped before the update was finished (${describeError(deps.signal.reason)})` };
     const name = deps.node.current()?.metadata?.name;
@@ -187,7 +210,9 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       return outcome;
     }
     if (outcome) return outcome;
-    if (name && awaitsResult(deps.node.current())) {
+    // Confirmed on the Node as it is now: the watch's copy may not show this agent's report of a moment ago
+    // yet, and the Pods that report restarted would be deleted again.
+    if (name && awaitsResult(deps.node.current()) && awaitsResult(await readNode(deps.kube, name))) {
       // As gardener-node-agent: what the drain left on the node goes before the node is reported updated. A
       // failure here is a reconcile error, retried (the update itself is done: no update-result=failed).
       const deleted = await deletePodsOnNode(deps.kube, name).catch((err: unknown) => {
@@ -196,23 +221,30 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       deps.log.info("deleted the Pods left on the node after its in-place update", { node: name, pods: deleted.map((p) => `${p.namespace}/${p.name}`) });
       await patchNodeMetadata(deps.kube, name, updateSucceeded);
     }
-    await store.write({});
-    deps.log.info("updated the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
+    // Done: nothing pending, and no OS update attempt to judge (the Node's mark of it has just gone too).
+    const state = await store.read();
+    if (state.pending || state.osUpdate) await store.write({});
+    if (hasInPlaceChanges(changes)) deps.log.info("updated the node in place", { checksum, update: partsOf(changes).map((p) => p.what).join(", ") });
     return undefined;
   }
 
-  async function perform(changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
+  async function perform(checksum: string, changes: InPlaceChanges, osUpdate: OsUpdate | null | undefined): Promise<InPlaceOutcome> {
     if (changes.kubeletMinorVersion !== undefined || changes.kubeletConfig || changes.cpuManagerPolicy) {
       const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, deps.signal);
       if (unhealthy) return failed(unhealthy);
+      await done(checksum, ["kubeletMinorVersion", "kubeletConfig", "cpuManagerPolicy"]);
     }
     if (changes.operatingSystem) {
       const outcome = await os.update(changes.operatingSystem.to, osUpdate);
       if (outcome) return outcome;
+      await done(checksum, ["operatingSystem"]);
     }
     if (changes.serviceAccountKey) {
-      const stale = await deps.tokens.resync();
-      if (stale.length > 0) return failed(`service-account key rotation: the token files are not those of their Secrets: ${stale.join("; ")}`);
+      // As gardener-node-agent, which only asks its token controller to sync again: a token Secret that is
+      // missing or empty does not fail the update; the token controller reports it and keeps trying.
+      const stale = await deps.tokens.resync().catch((err: unknown) => [describeError(err)]);
+      if (stale.length > 0) deps.log.warn("after the service-account key rotation, token files are not those of their Secrets yet; the token controller keeps at it", { problems: stale });
+      await done(checksum, ["serviceAccountKey"]);
     }
     if (changes.certificateAuthorities) {
       try {
@@ -227,6 +259,7 @@ export function createInPlaceUpdater(deps: InPlaceUpdaterDeps) {
       }
       const unhealthy = await waitKubeletHealthy(defaultKubeletHealthz, deps.signal);
       if (unhealthy) return failed(`certificate authority rotation: ${unhealthy}`);
+      await done(checksum, ["certificateAuthorities"]);
     }
     return undefined;
   }

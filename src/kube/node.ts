@@ -25,6 +25,11 @@ export async function findNode(kube: Kube, by: { hostname: string }): Promise<V1
   return node;
 }
 
+/** The Node as the API server has it now (the watch's copy may not have this agent's last write yet). */
+export function readNode(kube: Kube, nodeName: string): Promise<V1Node> {
+  return apiClient(kube, CoreV1Api).readNode({ name: nodeName }).catch(rethrow(kube, `reading Node ${nodeName}`));
+}
+
 /** A JSON merge patch of metadata: a value sets the key, null removes it, a key not given is left alone. */
 export function patchNodeMetadata(
   kube: Kube,

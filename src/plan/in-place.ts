@@ -7,12 +7,12 @@
 import { decodeInline } from "../api/desired.ts";
 import type { InPlaceChanges } from "../api/in-place-state.ts";
 import type { InPlaceUpdates, OperatingSystemConfig } from "../api/osc.ts";
+import type { Plan, Step } from "../api/plan.ts";
 import type { Result } from "../api/result.ts";
 import { decodeYamlBytes, parseYaml } from "../api/yaml.ts";
 
 /** Where Gardener's OSC puts kubelet's configuration (components/kubelet PathKubeletConfig). */
 export const kubeletConfigPath = "/var/lib/kubelet/config/kubelet";
-
 
 export const noInPlaceChanges: InPlaceChanges = { kubeletConfig: false, cpuManagerPolicy: false, certificateAuthorities: false, serviceAccountKey: false };
 
@@ -82,6 +82,45 @@ export function inPlaceChanges(previous: OperatingSystemConfig | undefined, next
 }
 
 export const hasInPlaceChanges = (c: InPlaceChanges): boolean => partsOf(c).length > 0;
+
+/**
+ * The in-place work of a new OSC when the update of an older one was left unfinished (`left`: the parts it
+ * had not done). gardener-node-agent tells the new OSC's work from the last OSC whose update completed, so
+ * what the unfinished one owed is owed still (a CA rotation whose kubelet bootstrap failed is done with the
+ * next OSC, not forgotten); trellis tells it from the last OSC applied (`next`), and adds what was owed. The
+ * OS update is the exception: both tell it from the node's version alone, so `next` says it (an OSC that
+ * reverts a failed OS update's version asks for none).
+ */
+export function carryOver(left: InPlaceChanges, next: InPlaceChanges): InPlaceChanges {
+  const minor = left.kubeletMinorVersion && next.kubeletMinorVersion ? { from: left.kubeletMinorVersion.from, to: next.kubeletMinorVersion.to } : (next.kubeletMinorVersion ?? left.kubeletMinorVersion);
+  return {
+    ...(next.operatingSystem ? { operatingSystem: next.operatingSystem } : {}),
+    ...(minor ? { kubeletMinorVersion: minor } : {}),
+    kubeletConfig: left.kubeletConfig || next.kubeletConfig,
+    cpuManagerPolicy: left.cpuManagerPolicy || next.cpuManagerPolicy,
+    certificateAuthorities: left.certificateAuthorities || next.certificateAuthorities,
+    serviceAccountKey: left.serviceAccountKey || next.serviceAccountKey,
+  };
+}
+
+/** kubelet's CPU manager state: written under the old policy, and kubelet refuses to start with another one. */
+export const cpuManagerState = "/var/lib/kubelet/cpu_manager_state";
+const kubeletUnit = "kubelet.service";
+
+/**
+ * A plan of an update that changes kubelet's cpuManagerPolicy, with kubelet's CPU manager state removed
+ * where gardener-node-agent removes it: right after kubelet's unit is written (every write of the plan
+ * comes first), before any unit is stopped or restarted — kubelet, still running under the old policy,
+ * has the least time to write the state again. Only when the plan restarts kubelet, as gardener-node-agent
+ * only when kubelet's unit changed (its file, a drop-in or a file it lists).
+ */
+export function removingCpuManagerState(plan: Plan): Plan {
+  const steps = plan.steps;
+  if (!steps.some((s) => s.kind === "restart" && s.unit === kubeletUnit) || steps.some((s) => s.kind === "remove" && s.path === cpuManagerState)) return plan;
+  const at = steps.findLastIndex((s) => s.kind === "write") + 1;
+  const remove: Step = { kind: "remove", target: { type: "file" }, path: cpuManagerState, reason: "kubelet's cpuManagerPolicy changes: its CPU manager state of the old policy goes before it restarts" };
+  return { ...plan, steps: [...steps.slice(0, at), remove, ...steps.slice(at)] };
+}
 
 // The kubelet settings an in-place pool rolls out in place (Gardener's "rolling update triggers").
 const evictionSignals = ["memory.available", "imagefs.available", "imagefs.inodesFree", "nodefs.available", "nodefs.inodesFree"];

@@ -209,3 +209,17 @@ test("the machine comes back with the old version: rolled back, update-result=fa
   expect(after.metadata?.annotations?.[checksumKey]).not.toBe(checksum);
   expect(after.metadata?.annotations?.[failedReason]).toBe(reason);
 }, 180_000);
+
+test("the OSC goes back to the version the machine runs: nothing is done in place and, as gardener-node-agent, update-result=successful with the failure's marks gone, the checksum stamped, the command not run again", async () => {
+  // The pool's OSC for 14 as it is rendered now, not the bytes of the one the Node carries (gardener-node-agent
+  // would not even reconcile that one).
+  const checksum = await putOscSecret(cluster, secretName, osc("14"));
+  const after = await waitApplied(agent, checksum, 60_000, 100);
+  expect(after.metadata?.labels?.[resultLabel]).toBe("successful");
+  expect(after.metadata?.annotations?.[failedReason]).toBeUndefined();
+  expect(after.metadata?.annotations?.[updatingOs]).toBeUndefined();
+  expect(await runs()).toEqual(["13", "14", "15"]);
+  expect(await osVersion()).toBe("14");
+  await waitFor("the condition Applied", async () => oscCondition(await readNode(agent))?.reason === "Applied", 30_000, 100);
+  await resultRead();
+}, 120_000);

@@ -4,12 +4,15 @@
 // node running the real kubelet and containerd. machine-controller-manager's part — draining the node
 // and setting the Node condition InPlaceUpdate=ReadyForUpdate — is played by the test, through the API.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { CertificatesV1Api, type V1Node } from "@kubernetes/client-node";
+import { createHash, X509Certificate } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { CertificatesV1Api, CoreV1Api, type V1Pod } from "@kubernetes/client-node";
+import { readClientCertificate } from "../../src/kube/csr-kubeconfig.ts";
 import { nodeEvents, putOscSecret, readNode, waitApplied } from "../harness/agent.ts";
 import { decideCsr, waitForCsr } from "../harness/bootstrap.ts";
 import { waitFor } from "../harness/exec.ts";
 import { clearUpdateMarks, markReadyForUpdate, oscCondition } from "../harness/machine-update.ts";
-import { bringUpWorker, readyAgain, readyHeartbeat, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
+import { bringUpWorker, readyAgain, readyHeartbeat, runWebPod, startWorkerWorld, unitPids, type Worker, type WorkerWorld } from "../harness/worker.ts";
 import { type WorkerOscInput, workerOsc } from "../harness/worker-osc.ts";
 
 let world: WorkerWorld;
@@ -33,6 +36,10 @@ const appliedChecksum = async () => (await readNode(w.bare)).metadata?.annotatio
 async function putOsc(changes: Partial<WorkerOscInput>): Promise<string> {
   return putOscSecret(world.cluster, w.secretName, (await workerOsc({ ...w.input, ...changes })).osc);
 }
+
+/** The Pod as the API server has it, or undefined once it is gone. */
+const readPod = (name: string): Promise<V1Pod | undefined> =>
+  world.cluster.admin().makeApiClient(CoreV1Api).readNamespacedPod({ name, namespace: "default" }).catch((err: { code?: number }) => (err.code === 404 ? undefined : Promise.reject(err)));
 
 async function warning(reason: string, containing: string): Promise<string> {
   return waitFor(`a ${reason} Warning naming ${containing}`, async () => (await nodeEvents(w.bare)).find((e) => e.reason === reason && e.message?.includes(containing))?.message, 60_000, 250);
@@ -71,6 +78,19 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     await clearUpdateMarks(world.cluster, w.bare.name);
   }, 240_000);
 
+  test("a change without in-place work on a drained node (machine-controller-manager waits for a result): applied at once, the Pods left on the node deleted, update-result=successful, as gardener-node-agent", async () => {
+    const left = await runWebPod(world, w, "left-by-drain");
+    await markReadyForUpdate(world.cluster, w.bare.name);
+    const checksum = await putOsc({ kubeletConfig, extraFile: "no in-place work\n" });
+    const node = await waitApplied(w.bare, checksum, 60_000, 250);
+    expect(node.metadata?.labels?.["node.machine.sapcloud.io/update-result"]).toBe("successful");
+    expect(await w.bare.node.readFile("/etc/e2e/unrelated")).toBe("no in-place work\n");
+    // The Pods went before the node was reported updated: by now the Pod is being deleted, or gone.
+    const leftNow = await readPod(left.metadata?.name as string);
+    expect(leftNow === undefined || leftNow.metadata?.deletionTimestamp !== undefined).toBe(true);
+    await clearUpdateMarks(world.cluster, w.bare.name);
+  }, 180_000);
+
   test("a service-account key rotation in place: held until the node is drained, then the token files read afresh, update-result=successful, nothing restarted", async () => {
     const before = await unitPids(w);
     const checksum = await putOsc({ kubeletConfig, credentialsRotation: { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" } } });
@@ -83,7 +103,7 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     await clearUpdateMarks(world.cluster, w.bare.name);
   }, 180_000);
 
-  test("a CA rotation in place: the agent's and kubelet's client certificates requested anew, kubelet healthy and the node Ready, update-result=successful", async () => {
+  test("a CA rotation in place: the agent's and kubelet's client certificates requested anew (the agent uses its new one without restarting; kubelet's bootstrap kubeconfig goes afterwards), kubelet healthy and the node Ready, update-result=successful", async () => {
     const agentKubeconfig = "/var/lib/gardener-node-agent/credentials/kubeconfig";
     const kubeletCert = "/var/lib/kubelet/pki/kubelet-client-current.pem";
     const [agentBefore, kubeletBefore, before] = [await w.bare.node.readFile(agentKubeconfig), await w.bare.node.readFile(kubeletCert), await unitPids(w)];
@@ -107,7 +127,16 @@ describe("in-place updates (a pool with the AutoInPlaceUpdate strategy)", () => 
     expect(await w.bare.node.readFile(kubeletCert)).not.toBe(kubeletBefore);
     const after = await unitPids(w);
     expect(after.kubelet).not.toBe(before.kubelet);
+    // Unlike gardener-node-agent, the agent does not restart itself with its new certificate: it uses it in place.
     expect({ containerd: after.containerd, agent: after.agent }).toEqual({ containerd: before.containerd, agent: before.agent });
+    const user = readClientCertificate(await w.bare.node.readFile(agentKubeconfig));
+    const credentialId = `X509SHA256=${createHash("sha256").update(new X509Certificate(user?.certPem ?? "").raw).digest("hex")}`;
+    await waitFor(`a request of ${user?.commonName} authenticated with its new certificate`, () => {
+      const lines = readFileSync(world.cluster.auditLog, "utf8").split("\n");
+      return lines.some((l) => l.includes(`"username":"${user?.commonName}"`) && l.includes(credentialId)) ? true : undefined;
+    }, 60_000, 500);
+    // kubelet's bootstrap kubeconfig, holding its old key, does not stay once kubelet has its new certificate (as gardener-node-agent deletes it at every reconcile).
+    await waitFor("kubelet's bootstrap kubeconfig removed", async () => ((await w.bare.node.exec(["test", "-e", "/var/lib/kubelet/kubeconfig-bootstrap"])).code !== 0 ? true : undefined), 30_000, 250);
     await readyAgain(w, heartbeat, since);
     // kubelet's new certificate was asked for as itself, and approved as a renewal (selfnodeclient).
     const csrs = await world.cluster.admin().makeApiClient(CertificatesV1Api).listCertificateSigningRequest();

@@ -4,9 +4,10 @@ import { describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
 import type { V1Node } from "@kubernetes/client-node";
 import * as v from "valibot";
-import { awaitsResult, mayUpdateInPlace } from "../../src/controllers/in-place.ts";
+import { awaitsResult, endsInPlace, mayUpdateInPlace } from "../../src/controllers/in-place.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../../src/api/osc.ts";
-import { hasInPlaceChanges, inPlaceChanges, kubeletConfigPath, noInPlaceChanges, osVersionOf, partsOf } from "../../src/plan/in-place.ts";
+import type { Plan, Step } from "../../src/api/plan.ts";
+import { carryOver, cpuManagerState, hasInPlaceChanges, inPlaceChanges, kubeletConfigPath, noInPlaceChanges, osVersionOf, partsOf, removingCpuManagerState } from "../../src/plan/in-place.ts";
 
 const SOURCE = "Secret kube-system/gardener-node-agent-worker";
 const kubeletConfig = (extra = "") =>
@@ -99,5 +100,61 @@ describe("machine-controller-manager's part", () => {
     expect(awaitsResult(node({ "node.machine.sapcloud.io/update-result": "successful" }, "ReadyForUpdate"))).toBe(false);
     expect(awaitsResult(node({ "node.machine.sapcloud.io/update-result": "failed" }))).toBe(true);
     expect(awaitsResult(node({}))).toBe(false);
+  });
+});
+
+describe("a new OSC while an older one's update is unfinished: what it owes is owed still (carryOver)", () => {
+  const os = { from: "12", to: "13" };
+  test("a failed OS update whose version the new OSC reverts: nothing in place (the OS update is told from the node's version alone)", () => {
+    expect(carryOver({ ...noInPlaceChanges, operatingSystem: os }, noInPlaceChanges)).toEqual(noInPlaceChanges);
+    expect(carryOver({ ...noInPlaceChanges, operatingSystem: os }, { ...noInPlaceChanges, operatingSystem: { from: "12", to: "14" } })).toEqual({ ...noInPlaceChanges, operatingSystem: { from: "12", to: "14" } });
+  });
+  test("a rotation or kubelet update not done yet stays, with the new OSC's own", () => {
+    expect(carryOver({ ...noInPlaceChanges, certificateAuthorities: true }, { ...noInPlaceChanges, serviceAccountKey: true })).toEqual({ ...noInPlaceChanges, certificateAuthorities: true, serviceAccountKey: true });
+    expect(carryOver({ ...noInPlaceChanges, cpuManagerPolicy: true }, noInPlaceChanges)).toEqual({ ...noInPlaceChanges, cpuManagerPolicy: true });
+    const minor = (from: string, to: string) => ({ ...noInPlaceChanges, kubeletMinorVersion: { from, to } });
+    expect(carryOver(minor("1.34.3", "1.35.0"), minor("1.35.0", "1.36.1"))).toEqual(minor("1.34.3", "1.36.1"));
+    expect(carryOver(minor("1.34.3", "1.35.0"), { ...noInPlaceChanges, kubeletConfig: true })).toEqual({ ...minor("1.34.3", "1.35.0"), kubeletConfig: true });
+  });
+});
+
+describe("the reconciles that end as gardener-node-agent's in-place one (endsInPlace): every new OSC of an in-place pool", () => {
+  const inPlacePool = osc(base);
+  test.each([
+    ["an in-place pool's OSC the Node does not carry yet, in-place work or not", inPlacePool, "a", "b", true],
+    ["a fresh node (no checksum on the Node)", inPlacePool, undefined, "b", true],
+    ["the OSC the Node carries already (a re-check, drift repair)", inPlacePool, "b", "b", false],
+    ["a pool without in-place updates", osc(undefined), "a", "b", false],
+  ])("%s", (_what, o, nodeApplied, checksum, expected) => {
+    expect(endsInPlace(o, nodeApplied, checksum)).toBe(expected);
+  });
+});
+
+describe("kubelet's CPU manager state after a cpuManagerPolicy change (removingCpuManagerState)", () => {
+  const write = (path: string, unit?: string): Step => ({ kind: "write", target: unit ? { type: "unit", unit } : { type: "file" }, path, mode: 0o600, sha256: "x", reason: "content changed" });
+  const plan = (steps: Step[]): Plan => ({ checksum: "c", steps });
+  const restartKubelet: Step = { kind: "restart", unit: "kubelet.service", reason: `file ${kubeletConfigPath} changed` };
+  test("removed right after the writes (kubelet's configuration and unit), before any unit is touched", () => {
+    const steps: Step[] = [
+      write(kubeletConfigPath),
+      write("/etc/systemd/system/kubelet.service", "kubelet.service"),
+      { kind: "daemon-reload", reason: "unit files changed: kubelet.service" },
+      { kind: "enable", unit: "kubelet.service", reason: "unit file written" },
+      restartKubelet,
+    ];
+    const amended = removingCpuManagerState(plan(steps)).steps;
+    expect(amended.map((s) => (s.kind === "write" || s.kind === "remove" ? `${s.kind} ${s.path}` : `${s.kind}${"unit" in s ? ` ${s.unit}` : ""}`))).toEqual([
+      `write ${kubeletConfigPath}`,
+      "write /etc/systemd/system/kubelet.service",
+      `remove ${cpuManagerState}`,
+      "daemon-reload",
+      "enable kubelet.service",
+      "restart kubelet.service",
+    ]);
+    expect(removingCpuManagerState(plan(amended)).steps).toEqual(amended);
+  });
+  test("not when the plan does not restart kubelet (gardener-node-agent: only when kubelet's unit changed)", () => {
+    const p = plan([write("/etc/e2e/unrelated"), { kind: "restart", unit: "containerd.service", reason: "x" }]);
+    expect(removingCpuManagerState(p)).toBe(p);
   });
 });

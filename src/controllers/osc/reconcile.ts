@@ -23,7 +23,8 @@ import { isSerialRollout, type SerialGate } from "../../kube/serial-gate.ts";
 import { describeError } from "../../log.ts";
 import { every } from "../../loops.ts";
 import { carriesOf } from "../../plan/disruption.ts";
-import { hasInPlaceChanges } from "../../plan/in-place.ts";
+import { hasInPlaceChanges, removingCpuManagerState } from "../../plan/in-place.ts";
+import { endsInPlace } from "../in-place.ts";
 import { describeStep } from "../../plan/render.ts";
 import { noted, type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
 import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
@@ -213,7 +214,15 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
   const startedBoot = ctx.bootClock();
   const gate = p.gate;
   const renewal = gate ? every(serialRenewMs, () => gate.renew().catch((err: unknown) => log.warn("could not renew the serial lease", { error: describeError(err) })), { firstAfterInterval: true }) : undefined;
-  const outcome = await applyDesired(r.desired, checksum, r.applied, { files: deps.files, systemd: deps.systemd, store: deps.store, log, selfUnit: deps.selfUnit, ...(p.planned ? { planned: p.planned } : {}) }).finally(() => renewal?.stop());
+  const outcome = await applyDesired(r.desired, checksum, r.applied, {
+    files: deps.files,
+    systemd: deps.systemd,
+    store: deps.store,
+    log,
+    selfUnit: deps.selfUnit,
+    ...(p.planned ? { planned: p.planned } : {}),
+    ...(r.inPlaceWork.cpuManagerPolicy ? { amend: removingCpuManagerState } : {}),
+  }).finally(() => renewal?.stop());
   ctx.state.executed = outcome.executed;
   log.info(outcome.complete ? "OSC applied" : "OSC apply incomplete", {
     checksum,
@@ -238,7 +247,7 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     if (gate && hold && giveUpSerialLease(hold, ctx.bootClock(), r.settings.serialHoldLimitMs)) return giveUpLease(ctx, gate, p.identity, hold, r.settings.serialHoldLimitMs);
     return retryWait(ctx, "a failed apply"); // the serial lease stays ours: the rollout stops here
   }
-  if (hasInPlaceChanges(r.inPlaceWork)) {
+  if (endsInPlace(r.layered.osc, nodeAppliedChecksum(deps.node.current()), checksum)) {
     // As gardener-node-agent: with the agent's own restart under way (its configuration changed with a
     // kubelet minor version, say), the rest of the in-place update is left to its next start.
     if (outcome.restartingSelf) return inPlaceInterrupted(ctx, checksum, "the agent restarts itself after this apply");
