@@ -10,8 +10,7 @@
 //   changed and removes the files it dropped), resumed when the same OSC comes to it again. trellis, taking
 //   the node over in that apply, does what the record still owes (gardenerPending); once trellis completed
 //   an apply it describes nothing left to do and is removed: left there, gardener-node-agent would take that
-//   OSC, should it come back, for applied already and keep trellis's binary out. Found at trellis's start,
-//   it says gardener-node-agent ran the node since trellis's last apply (forgetSupersededApply).
+//   OSC, should it come back, for applied already and keep trellis's binary out.
 import * as v from "valibot";
 import { stringify } from "yaml";
 import type { Desired } from "../api/desired.ts";
@@ -19,8 +18,6 @@ import { paths } from "../api/paths.ts";
 import { looseObject } from "../api/shapes.ts";
 import { parseYaml } from "../api/yaml.ts";
 import type { Files } from "../host/files.ts";
-import type { Logger } from "../log.ts";
-import type { StateStore } from "./state-store.ts";
 import { containerdEnvDropIn } from "../plan/containerd.ts";
 
 type Unit = { name?: unknown; dropIns?: unknown[] };
@@ -72,20 +69,4 @@ export async function gardenerPending(files: Files, checksum: string): Promise<G
   const restarts = (units?.commands ?? []).filter((c) => c.command === "restart").map((c) => c.name);
   if (containerd?.configFileChanged && !restarts.includes(containerdEnvDropIn.unit)) restarts.push(containerdEnvDropIn.unit);
   return { restarts, removals: (changed?.deleted ?? []).map((f) => f.path) };
-}
-
-/**
- * At the agent's start: when gardener-node-agent applied OSCs on this node since trellis's last complete
- * apply (an operator went back to it and then to trellis again: its record is there, which trellis's
- * complete applies remove), what trellis recorded as applied, and an apply it left unfinished, no longer
- * describe the node: they are forgotten, so that the OSC now is applied as an update (its gates,
- * gardener-node-agent's records rewritten). What trellis owns stays its. Without a complete apply there is
- * nothing to forget: that is the first take-over, whose unfinished apply is resumed.
- */
-export async function forgetSupersededApply(files: Files, store: StateStore, log: Logger): Promise<void> {
-  if (!(await files.stat(paths.lastComputedOscChanges))) return;
-  const { lastApplied, progress, ...state } = await store.read();
-  if (!lastApplied) return;
-  await store.write(state);
-  log.info("gardener-node-agent applied OSCs on this node since trellis's last apply: that apply is forgotten", { checksum: lastApplied?.checksum, unfinished: progress?.checksum });
 }

@@ -7,7 +7,6 @@ import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { apiServerCa } from "../api/agent-config.ts";
 import { agentUnit, paths } from "../api/paths.ts";
-import { forgetSupersededApply } from "../apply/gardener-record.ts";
 import { createStateStore, removeLeftoverTemp, stateLockPath } from "../apply/state-store.ts";
 import { startBootstrapCredentialsCleanup } from "../controllers/bootstrap-credentials.ts";
 import { startCertificateController } from "../controllers/certificate.ts";
@@ -105,7 +104,6 @@ export async function run(args: string[]): Promise<number> {
     (removed) => removed.length > 0 && log.info("removed temp files a killed agent left", { files: removed }),
     (err: unknown) => log.warn("could not remove temp files a killed agent left", { error: describeError(err) }),
   );
-  await forgetSupersededApply(files, store, log);
   const events = createEventRecorder({ kube, log });
   const metrics = createRegistry();
   const status = createStatusBoard({ files, log });

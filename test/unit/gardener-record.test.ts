@@ -2,19 +2,17 @@
 // src/apply/state-store.ts): last-applied-osc.yaml as gardener-node-agent writes it — the OSC with the
 // containerd.service drop-in it adds itself (operatingsystemconfig/containerd.go addContainerdEnvironmentDropIn)
 // — trellis's own copy as the Secret had it, and no last-computed-osc-changes.yaml; what that record of
-// gardener-node-agent's unfinished apply owes, done by trellis's plan of the same OSC; and trellis's own record
-// forgotten when gardener-node-agent ran the node since. That gardener-node-agent then restarts nothing the next
-// OSC does not change is tested on a real node (test/e2e/gardener-round-trip.test.ts).
+// gardener-node-agent's unfinished apply owes, done by trellis's plan of the same OSC. That gardener-node-agent
+// then restarts nothing the next OSC does not change is tested on a real node (test/e2e/gardener-round-trip.test.ts).
 import { describe, expect, test } from "bun:test";
 import { mkdtempSync } from "node:fs";
 import { parse, stringify } from "yaml";
 import { type Desired, sha256Hex } from "../../src/api/desired.ts";
 import { paths } from "../../src/api/paths.ts";
-import { forgetSupersededApply, gardenerLastApplied, gardenerPending } from "../../src/apply/gardener-record.ts";
+import { gardenerLastApplied, gardenerPending } from "../../src/apply/gardener-record.ts";
 import { planForNode } from "../../src/apply/observe.ts";
 import { createStateStore } from "../../src/apply/state-store.ts";
 import { emptyOwned } from "../../src/api/state.ts";
-import { createLogger } from "../../src/log.ts";
 import { createFiles } from "../../src/host/files.ts";
 import { runDir } from "../harness/exec.ts";
 
@@ -138,33 +136,5 @@ describe("gardener-node-agent's unfinished apply of the same OSC", () => {
     // Without the record, kubelet's unit file (in place) is adopted and nothing restarts it.
     const alone = await planForNode({ desired: kubeletDesired, checksum, owned: emptyOwned(), files: await node(), systemd: undefined, selfUnit: "gardener-node-agent.service" });
     expect(alone.plan.steps.filter((s) => s.kind === "restart" && s.unit === "kubelet.service")).toEqual([]);
-  });
-});
-
-describe("trellis's record, when gardener-node-agent ran the node since", () => {
-  const applied = { checksum: "a".repeat(64), at: "2026-11-27T10:00:00.000Z" };
-  const progress = { checksum: "b".repeat(64), plan: { checksum: "b".repeat(64), steps: [] }, done: [] };
-  const setup = async (opts: { record: boolean; lastApplied: boolean }) => {
-    const files = createFiles(mkdtempSync(`${runDir("gardener-record")}/root-`));
-    const store = createStateStore(files);
-    await store.write({ version: 1, owned: { version: 1, files: { "/etc/x": { sha256: "x", mode: 0o644 } }, units: {} }, progress, ...(opts.lastApplied ? { lastApplied: applied } : {}) });
-    if (opts.record) await files.writeAtomic(paths.lastComputedOscChanges, changesOf(applied.checksum), 0o600);
-    const lines: string[] = [];
-    await forgetSupersededApply(files, store, createLogger({ write: (l) => lines.push(l) }));
-    return { state: await store.read(), lines };
-  };
-
-  test("its last apply and an unfinished one are forgotten; what it owns stays", async () => {
-    const { state, lines } = await setup({ record: true, lastApplied: true });
-    expect(state).toEqual({ version: 1, owned: { version: 1, files: { "/etc/x": { sha256: "x", mode: 0o644 } }, units: {} } });
-    expect(lines.map((l) => JSON.parse(l).msg)).toEqual(["gardener-node-agent applied OSCs on this node since trellis's last apply: that apply is forgotten"]);
-  });
-
-  test("no record of gardener-node-agent's: nothing forgotten", async () => {
-    expect((await setup({ record: false, lastApplied: true })).state).toMatchObject({ lastApplied: applied, progress });
-  });
-
-  test("no complete apply of trellis's yet (the first take-over, interrupted): its unfinished apply is resumed", async () => {
-    expect((await setup({ record: true, lastApplied: false })).state).toMatchObject({ progress });
   });
 });
