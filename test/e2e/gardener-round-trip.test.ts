@@ -164,15 +164,11 @@ describe("gardener-node-agent → trellis → gardener-node-agent → trellis on
     firstSwap = swap.checksum;
   }, 600_000);
 
-  test("trellis runs the node gardener-node-agent left: a kubelet change restarts kubelet only", async () => {
-    const change = await kubeletChange("trellis", 60, current);
-    expect(seen(change)).toEqual(kubeletOnly([kubeletConfig]));
-    current = change.osc;
-  }, 300_000);
-
   test("the OSC names gardener-node-agent's image again: it runs the node; only the agent restarted and only its binary was written", async () => {
-    const swap = await swapTo("gardener-node-agent", { maxPods: 60 }, current);
-    // trellis installed it and restarted itself last, the Node annotated: gardener-node-agent found the node up to date.
+    const swap = await swapTo("gardener-node-agent", {}, current);
+    // The pool's first OSC again. trellis installed gardener-node-agent and restarted itself last, the Node
+    // annotated: gardener-node-agent found the node up to date.
+    expect(swap.checksum).toBe(w.checksum);
     expect({ ...seen(swap), ready: swap.ready }).toEqual(agentOnly([agentBinary]));
     current = swap.osc;
     // What trellis leaves, which gardener-node-agent neither reads nor removes: its directory, its own condition.
@@ -180,22 +176,35 @@ describe("gardener-node-agent → trellis → gardener-node-agent → trellis on
     expect((await readNode(w.bare)).status?.conditions?.map((c) => c.type)).toContain("OperatingSystemConfigApplied");
   }, 600_000);
 
-  test("gardener-node-agent runs the node trellis left: a kubelet change restarts kubelet only", async () => {
-    // Back to the pool's first OSC: the one gardener-node-agent applied before trellis ran the node.
-    const change = await kubeletChange("gardener-node-agent", undefined, current);
-    expect(change.checksum).toBe(w.checksum);
-    // It diffs against the record trellis left (last-applied-osc.yaml, with containerd's drop-in as it keeps it).
-    expect(seen(change)).toEqual(kubeletOnly([containerdConfig, kubeletConfig]));
-    current = change.osc;
-  }, 300_000);
-
-  test("the OSC names trellis's image once more (the same OSC as the first swap): trellis runs the node again", async () => {
+  test("the OSC names trellis's image once more, the same OSC as the first swap: trellis runs the node again", async () => {
+    // gardener-node-agent began this very OSC before, at the first swap; trellis removed its record of that
+    // unfinished apply, which it would otherwise resume now, taking the OSC for applied with itself still running.
     const swap = await swapTo("trellis", {}, current);
-    // gardener-node-agent began this very OSC before; trellis removed its record of that unfinished apply.
     expect(swap.checksum).toBe(firstSwap);
     expect({ ...seen(swap), ready: swap.ready }).toEqual(agentOnly([containerdConfig, agentBinary]));
     current = swap.osc;
   }, 600_000);
+
+  test("trellis runs the node gardener-node-agent left: a kubelet change restarts kubelet only", async () => {
+    const change = await kubeletChange("trellis", 60, current);
+    expect(seen(change)).toEqual(kubeletOnly([kubeletConfig]));
+    current = change.osc;
+  }, 300_000);
+
+  test("gardener-node-agent's image with that change: it runs the node; only the agent restarted and only its binary was written", async () => {
+    const swap = await swapTo("gardener-node-agent", { maxPods: 60 }, current);
+    expect({ ...seen(swap), ready: swap.ready }).toEqual(agentOnly([agentBinary]));
+    current = swap.osc;
+  }, 600_000);
+
+  test("gardener-node-agent runs the node trellis left: a kubelet change restarts kubelet only", async () => {
+    // Back to the pool's first OSC. It diffs against the record trellis left (last-applied-osc.yaml, with
+    // containerd's drop-in as it keeps it).
+    const change = await kubeletChange("gardener-node-agent", undefined, current);
+    expect(change.checksum).toBe(w.checksum);
+    expect(seen(change)).toEqual(kubeletOnly([containerdConfig, kubeletConfig]));
+    current = change.osc;
+  }, 300_000);
 });
 
 describe("a new machine, with trellis's image in the pool's OSC", () => {
