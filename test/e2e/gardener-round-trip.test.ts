@@ -3,7 +3,7 @@
 // the pool's OSC then names trellis's image for gardener-node-agent (what gardenlet renders once its image
 // vector is overwritten), later gardener-node-agent's again (the overwrite removed), and trellis's once more.
 // At each swap nothing restarts but the agent itself and no file of the OSC is written but the agent's
-// binary (units compared by InvocationID and start time, files by inode and mtime), the Node stays Ready
+// binary (units compared by InvocationID and start time, files by inode, mtime and content), the Node stays Ready
 // (its Ready condition never changes) and carries the new OSC's checksum; and each agent then runs the node
 // the other left: a change of kubelet's configuration restarts kubelet only and rewrites its file only.
 // And a new machine of a pool whose OSC names trellis's image gets trellis from Gardener's own node init.
@@ -28,14 +28,13 @@ const containerdConfig = "/etc/containerd/config.toml";
 
 let world: WorkerWorld;
 let w: Worker;
-let peer: BenchAgent;
 let images: Record<AgentName, WorkerAgent>;
 const binarySha: Record<string, AgentName> = {};
 
 beforeAll(async () => {
   world = await startWorkerWorld();
   const agents = await benchAgents();
-  peer = agents.find((a) => a.id === "gna") as BenchAgent;
+  const peer = agents.find((a) => a.id === "gna") as BenchAgent;
   images = { trellis: trellisAgent, "gardener-node-agent": await pushAgentImage(world, peer) };
   for (const a of agents) binarySha[sha256(readFileSync(a.binary))] = a.id === "trellis" ? "trellis" : "gardener-node-agent";
 }, 1_800_000);
