@@ -10,6 +10,9 @@ h() { $S "$@" | cut -c1-64; }
 W=${I:-$TRELLIS_SHA256}; W=${W##*@sha256:}
 case $W in *[!0-9a-f]*) W=;; esac
 [ "$I$TRELLIS_URL" ] && [ ${#W} = 64 ] || die "need TRELLIS_IMAGE=name[:tag]@sha256:<hex> or TRELLIS_URL+TRELLIS_SHA256"
+l=/lib64/ld-linux-x86-64.so.2; [ "$(uname -m)" = aarch64 ] && l=/lib/ld-linux-aarch64.so.1
+g=$($l --version 2>/dev/null | sed -n 's/.*version 2\.\([0-9]*\).*/\1/p;q')
+[ "${g:-0}" -ge 17 ] || die "trellis needs glibc >= 2.17 ($l), found ${g:+2.}${g:-none (musl?)}"
 umask 022
 mkdir -p "$C" /opt/bin || exit
 if [ "$1" != run ]; then # cloud-init: hand over to a unit

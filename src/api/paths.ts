@@ -12,7 +12,12 @@ export const paths = {
   clusterCa: `${baseDir}/cluster-ca.crt`,
   machineName: `${baseDir}/machine-name`,
   zone: `${baseDir}/zone`,
+  /** gardener-node-agent's record of the OSC applied last, which trellis keeps as it does (src/apply/gardener-record.ts). */
   lastAppliedOsc: `${baseDir}/last-applied-osc.yaml`,
+  /** gardener-node-agent's record of an apply it began, which trellis removes once it completed one (src/apply/gardener-record.ts). */
+  lastComputedOscChanges: `${baseDir}/last-computed-osc-changes.yaml`,
+  /** trellis's own copy of the OSC applied last, as the Secret had it: the rollback target a passed gate keeps. */
+  appliedOsc: `${baseDir}/trellis/applied-osc.yaml`,
   binaryDir: "/opt/bin",
   /** The name of the Node the agent last reported on: found again after the hostname changed. */
   nodeName: `${baseDir}/trellis/node-name`,
@@ -87,9 +92,10 @@ export const dropInDir = (unit: string): string => `${systemdDir}/${unit}.d`;
 const kernelTrees = ["/proc", "/sys", "/dev"];
 
 // What every apply itself writes: its state (what trellis owns, the plan in progress), the image cache
-// and the last applied OSC. An OSC file there would be overwritten by the apply that wrote it (and
-// rewritten by the next, for ever), or would overwrite trellis's record of what it owns.
-const agentTrees = [`${baseDir}/trellis`, paths.lastAppliedOsc];
+// and the last applied OSC; and what it removes: gardener-node-agent's record of an unfinished apply. An
+// OSC file there would be overwritten (or removed) by the apply that wrote it (and rewritten by the next,
+// for ever), or would overwrite trellis's record of what it owns.
+const agentTrees = [`${baseDir}/trellis`, paths.lastAppliedOsc, paths.lastComputedOscChanges];
 
 /** Why an OSC file may not be written at `path` (beyond nodePathProblem), or undefined. */
 export function writablePathProblem(path: string): string | undefined {

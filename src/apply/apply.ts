@@ -17,6 +17,7 @@ import type { Systemd } from "../host/systemd.ts";
 import type { Logger } from "../log.ts";
 import { describeError } from "../log.ts";
 import { ownedAfter, settleOwned } from "../plan/owned.ts";
+import { withOwedRestarts } from "../plan/owed.ts";
 import type { Plan, Step } from "../api/plan.ts";
 import { planForNode } from "./observe.ts";
 import type { StateStore } from "./state-store.ts";
@@ -64,7 +65,7 @@ export async function applyDesired(desired: Desired, checksum: string, oscYaml: 
     deps.log.info("an unfinished apply of an older OSC was superseded", { checksum, pendingRestarts: carried.pending });
     const fresh = await planFresh(desired, checksum, state.owned, deps);
     state = { ...state, owned: fresh.owned };
-    progress = { checksum, plan: amended(withPending(fresh.plan, carried.pending, desired, deps.selfUnit), deps), done: [] };
+    progress = { checksum, plan: amended(withOwedRestarts(fresh.plan, carried.pending, desired, deps.selfUnit), deps), done: [] };
   } else if (progress) {
     resumed = true;
     deps.log.info("resuming an unfinished apply", { checksum, steps: progress.plan.steps.length, done: progress.done.length });
@@ -211,7 +212,7 @@ export function summaryOf(executed: Step[]): { steps: number; restarted: string[
 async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps, executed: Step[]): Promise<AgentState> {
   const at = (deps.now?.() ?? new Date()).toISOString();
   const previous = state.lastApplied?.checksum === checksum ? state.lastApplied : undefined;
-  if (!previous) await deps.store.writeLastAppliedOsc(oscYaml);
+  if (!previous) await deps.store.recordApplied(oscYaml, desired);
   const summary =
     previous && executed.length === 0
       ? { steps: previous.steps, restarted: previous.restarted }
@@ -241,20 +242,6 @@ async function abandon(progress: Progress, owned: Owned, files: Files, log: Logg
     if (step.kind === "restart" || step.kind === "stop") pending.push(step);
   }
   return { owned: next, pending };
-}
-
-// Restarts an abandoned plan still owed are kept for units that are still desired and not to be
-// stopped; the new plan may already restart them.
-function withPending(plan: Plan, pending: Step[], desired: Desired, selfUnit: string): Plan {
-  const running = new Set(desired.units.filter((u) => u.enable && u.command !== "stop").map((u) => u.name));
-  const planned = new Set(plan.steps.flatMap((s) => (s.kind === "restart" || s.kind === "stop" ? [s.unit] : [])));
-  const extra = pending.filter((s): s is Extract<Step, { kind: "restart" }> => s.kind === "restart" && running.has(s.unit) && !planned.has(s.unit));
-  if (extra.length === 0) return plan;
-  const carried = extra.map((s) => ({ ...s, reason: `${s.reason} (owed by an unfinished apply)` }));
-  const self = plan.steps.filter((s) => s.kind === "restart" && s.unit === selfUnit);
-  const rest = plan.steps.filter((s) => !self.includes(s));
-  const ordered = [...rest, ...carried.filter((s) => s.unit !== selfUnit), ...self, ...carried.filter((s) => s.unit === selfUnit)];
-  return { ...plan, steps: ordered };
 }
 
 function stepName(step: Step): string {

@@ -7,8 +7,10 @@ import type { Owned } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
 import { adoptMatching } from "../plan/owned.ts";
+import { withOwedRestarts } from "../plan/owed.ts";
 import { makePlan } from "../plan/plan.ts";
-import type { Plan } from "../api/plan.ts";
+import type { Plan, Step } from "../api/plan.ts";
+import { gardenerPending } from "./gardener-record.ts";
 import type { Observed } from "../plan/types.ts";
 
 export async function observe(desired: Desired, owned: Owned, files: Files, systemd: Systemd | undefined): Promise<Observed> {
@@ -42,7 +44,11 @@ export async function observeFile(files: Files, path: string): Promise<{ sha256:
   return file && { sha256: file.sha256, mode: file.mode };
 }
 
-/** Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. */
+/**
+ * Observes the node, adopts what already matches the OSC, and plans: shared by `apply` and `plan`. What
+ * gardener-node-agent's unfinished apply of this very OSC still owes (a node it was installing trellis on)
+ * is owed by this plan: the files it would remove are taken as owned, the units it would restart restart.
+ */
 export async function planForNode(input: {
   desired: Desired;
   checksum: string;
@@ -51,7 +57,18 @@ export async function planForNode(input: {
   systemd: Systemd | undefined;
   selfUnit: string;
 }): Promise<{ plan: Plan; owned: Owned }> {
-  const observed = await observe(input.desired, input.owned, input.files, input.systemd);
-  const owned = adoptMatching(input.owned, input.desired, observed);
-  return { plan: makePlan({ checksum: input.checksum, desired: input.desired, owned, observed, selfUnit: input.selfUnit }), owned };
+  const pending = await gardenerPending(input.files, input.checksum);
+  const start = pending ? await withRemovals(input.owned, pending.removals, input.files) : input.owned;
+  const observed = await observe(input.desired, start, input.files, input.systemd);
+  const owned = adoptMatching(start, input.desired, observed);
+  const plan = makePlan({ checksum: input.checksum, desired: input.desired, owned, observed, selfUnit: input.selfUnit });
+  const owed = (pending?.restarts ?? []).map((unit): Step => ({ kind: "restart", unit, reason: "gardener-node-agent changed it and restarted itself before restarting it" }));
+  return { plan: withOwedRestarts(plan, owed, input.desired, input.selfUnit), owned };
+}
+
+/** `owned` with the regular files at `paths` it does not know, as they are on disk. */
+async function withRemovals(owned: Owned, paths: string[], files: Files): Promise<Owned> {
+  const found = await files.inspect(paths.filter((p) => !owned.files[p]));
+  const added = Object.fromEntries([...found].flatMap(([path, seen]) => (seen.file ? [[path, { sha256: seen.file.sha256, mode: seen.file.mode }]] : [])));
+  return { ...owned, files: { ...owned.files, ...added } };
 }

@@ -3,12 +3,15 @@
 // Before such an OSC is applied, the agent it leaves behind (the new binary, else the running one) is run
 // once against the configuration it will find after the apply (the config files in its config dir as
 // they are now, overlaid with the ones the OSC writes). Gardener keeps one config file per agent version
-// for this reason; the check makes it hold for any binary and any configuration.
+// for this reason; the check makes it hold for any binary and any configuration. A binary that is not
+// trellis — gardener-node-agent, when an operator goes back to it — cannot be asked about the
+// configuration (it has no check-config); it must at least start on this machine and print its version.
 import { execFile } from "node:child_process";
 import { basename, dirname } from "node:path";
 import type { Desired, DesiredFile } from "../api/desired.ts";
 import { paths } from "../api/paths.ts";
 import { type Files, hostPathUnder } from "../host/files.ts";
+import type { Logger } from "../log.ts";
 
 export type SelfUpdateCheck = {
   files: Files;
@@ -19,6 +22,8 @@ export type SelfUpdateCheck = {
   /** sha256 of what trellis last installed at selfBinary (its ownership record), if anything. */
   installed?: string;
   timeoutMs?: number;
+  /** Where a binary that is not trellis, hence only started, is told of. */
+  log?: Logger;
 };
 
 const configFile = /^config(-.+)?\.yaml$/;
@@ -46,13 +51,40 @@ export async function checkSelfUpdate(desired: Desired, check: SelfUpdateCheck):
     for (const f of configs) await check.files.writeAtomic(`${configDir}/${basename(f.path)}`, f.content, 0o600);
     const host = (p: string) => hostPathUnder(check.files.root, p);
     const agent = host(newBinary ? `${dir}/agent` : check.selfBinary);
-    const result = await run([agent, "check-config", "--config-dir", host(configDir)], check.timeoutMs ?? 30_000);
+    const timeoutMs = check.timeoutMs ?? 30_000;
+    const result = await run([agent, "check-config", "--config-dir", host(configDir)], timeoutMs);
     if (result.ok) return undefined;
+    const other = newBinary ? await anotherAgentStarts(agent, timeoutMs) : undefined;
+    if (other !== undefined) {
+      check.log?.info("the new agent binary is not trellis: it starts on this machine, its configuration cannot be checked", { path: check.selfBinary, sha256: newBinary?.sha256, version: other });
+      return undefined;
+    }
     return newBinary
       ? `${newBinary.origin}: the new agent binary (sha256 ${newBinary.sha256.slice(0, 12)}) cannot start with this node's configuration, so it is not installed: ${result.output}`
       : `${changedConfig?.origin}: the agent cannot start with the configuration this OSC writes, so it is not applied: ${result.output}`;
   } finally {
     await removeTree(check.files, dir);
+  }
+}
+
+/**
+ * What a binary that is not trellis says with --version (gardener-node-agent: "Kubernetes v1.150.0"), if it
+ * starts; undefined for trellis (it answers `version --json`: its check-config failure stands) or for a
+ * binary that does not start here.
+ */
+async function anotherAgentStarts(agent: string, timeoutMs: number): Promise<string | undefined> {
+  const identity = await run([agent, "version", "--json"], timeoutMs);
+  if (identity.ok && isTrellisVersion(identity.output)) return undefined;
+  const version = await run([agent, "--version"], timeoutMs);
+  return version.ok ? version.output : undefined;
+}
+
+function isTrellisVersion(output: string): boolean {
+  try {
+    const v: unknown = JSON.parse(output);
+    return typeof v === "object" && v !== null && "version" in v && "commit" in v;
+  } catch {
+    return false;
   }
 }
 

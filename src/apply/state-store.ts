@@ -6,7 +6,9 @@ import { dirname } from "node:path";
 import { baseDir, credentialsDir, paths } from "../api/paths.ts";
 import { statusPath } from "../api/status-file.ts";
 import { type AgentState, AgentStateSchema, emptyState } from "../api/state.ts";
+import type { Desired } from "../api/desired.ts";
 import type { Files } from "../host/files.ts";
+import { gardenerLastApplied } from "./gardener-record.ts";
 import { jsonStore } from "../host/json-store.ts";
 
 export const statePath = `${baseDir}/trellis/state.json`;
@@ -16,13 +18,23 @@ export const stateLockPath = `${baseDir}/trellis/lock`;
 export type StateStore = {
   read(): Promise<AgentState>;
   write(state: AgentState): Promise<void>;
-  /** gardener-node-agent's last-applied-osc.yaml, for tools that read it. */
-  writeLastAppliedOsc(oscYaml: string | Uint8Array): Promise<void>;
+  /**
+   * The OSC an apply completed, applied as `desired`: trellis's copy (the rollback target) and what
+   * gardener-node-agent keeps of it (src/apply/gardener-record.ts).
+   */
+  recordApplied(oscYaml: string | Uint8Array, desired: Desired): Promise<void>;
 };
 
 export function createStateStore(files: Files): StateStore {
   const store = jsonStore(files, statePath, AgentStateSchema, emptyState);
-  return { ...store, writeLastAppliedOsc: (oscYaml) => files.writeAtomic(paths.lastAppliedOsc, oscYaml, 0o600) };
+  return {
+    ...store,
+    recordApplied: async (oscYaml, desired) => {
+      await files.writeAtomic(paths.appliedOsc, oscYaml, 0o600);
+      await files.writeAtomic(paths.lastAppliedOsc, gardenerLastApplied(oscYaml, desired), 0o600);
+      await files.remove(paths.lastComputedOscChanges);
+    },
+  };
 }
 
 // Where the agent writes its own files: state, rollout record and last good OSC; last-applied-osc.yaml;

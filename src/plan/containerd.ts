@@ -136,10 +136,13 @@ export function containerdDesired(input: ContainerdInputs, where: string): Resul
       pendingRegistries,
       upstreams: registries.map((r) => r.upstream),
       directories: [runtimesBinDir, containerdBaseDir, confDir, paths.containerdHostsDir],
-      envDropIn: { unit: "containerd.service", name: "30-env_config.conf", content: `[Service]\nEnvironment="PATH=${path}"\n` },
+      envDropIn: { ...containerdEnvDropIn, content: `[Service]\nEnvironment="PATH=${path}"\n` },
     },
   };
 }
+
+/** The drop-in that puts containerd's runtimes on its PATH, which gardener-node-agent adds to every OSC with containerd. */
+export const containerdEnvDropIn = { unit: "containerd.service", name: "30-env_config.conf" } as const;
 
 export const hostsTomlPath = (upstream: string): string => `${paths.containerdHostsDir}/${upstream}/hosts.toml`;
 

@@ -4,6 +4,7 @@ import { type Desired, type DesiredUnit, sha256Hex } from "../api/desired.ts";
 import type { Owned, OwnedUnit } from "../api/state.ts";
 import { dropInPath, unitFilePath } from "../api/paths.ts";
 import type { Step } from "../api/plan.ts";
+import { enablementDiffers, isActive } from "./plan.ts";
 import type { Observed } from "./types.ts";
 
 export function ownedAfter(owned: Owned, step: Step): Owned {
@@ -58,7 +59,11 @@ export function unitSpecDigest(u: DesiredUnit): string {
 /**
  * Takes ownership of what the OSC declares and the disk already holds with exactly that content — a
  * node set up by gardener-node-agent, or by an apply whose record was lost. Without this, such files
- * and units would be left behind when they leave the OSC.
+ * and units would be left behind when they leave the OSC. A unit of which the OSC gives no file
+ * (containerd.service, systemd-sysctl.service in Gardener's OSC: only its command, enablement and the
+ * files it reads) is adopted when systemd already runs it as the OSC asks — enabled or not as asked,
+ * active if it is to run, inactive if not — and its drop-ins are in place: taking over a running node
+ * restarts nothing the OSC did not change (a file it lists that differs still restarts it).
  */
 export function adoptMatching(owned: Owned, desired: Desired, observed: Observed): Owned {
   let next = owned;
@@ -77,6 +82,16 @@ export function adoptMatching(owned: Owned, desired: Desired, observed: Observed
         next = ownedAfter(next, { kind: "write", target: { type: "drop-in", unit: u.name, name: d.name }, path, mode: 0o600, sha256: d.sha256, reason: "adopted" });
       }
     }
+    const state = observed.units?.get(u.name);
+    if (u.sha256 === undefined && !owned.units[u.name] && state && runsAsAsked(u, state) && u.dropIns.every((d) => matches(dropInPath(u.name, d.name), d.sha256))) {
+      next = { ...next, units: { ...next.units, [u.name]: { dropIns: {}, ...next.units[u.name], enable: u.enable, ...(u.command ? { command: u.command } : {}) } } };
+    }
   }
   return next;
+}
+
+function runsAsAsked(u: DesiredUnit, state: { unitFileState: string; activeState: string }): boolean {
+  if (state.unitFileState === "" || enablementDiffers(u.enable, state.unitFileState)) return false;
+  const toRun = u.enable && u.command !== "stop";
+  return toRun ? state.activeState === "active" : !isActive(state.activeState);
 }

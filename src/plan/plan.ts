@@ -221,9 +221,7 @@ function enablementStep(
 ): { step: Step; changed: boolean } | undefined {
   const known = unitFileState !== undefined && unitFileState !== "";
   const mismatch = known
-    ? u.enable
-      ? unitFileState === "disabled"
-      : enabledStates.has(unitFileState)
+    ? enablementDiffers(u.enable, unitFileState)
     : ownEnable === undefined
       ? undefined
       : ownEnable !== u.enable;
@@ -232,9 +230,11 @@ function enablementStep(
   return { step: { kind: u.enable ? "enable" : "disable", unit: u.name, reason }, changed: mismatch === true };
 }
 
+/** Whether systemd's UnitFileState contradicts `enable` (see enablementStep). */
+export const enablementDiffers = (enable: boolean, unitFileState: string): boolean => (enable ? unitFileState === "disabled" : enabledStates.has(unitFileState));
 // "enabled-runtime"/"linked-runtime" are left out: DisableUnitFiles(runtime=false) cannot clear them,
 // so treating them as a mismatch would disable (and stop) on every apply.
 const enabledStates = new Set(["enabled", "linked"]);
-const isActive = (activeState: string) => activeState !== "inactive" && activeState !== "failed";
+export const isActive = (activeState: string) => activeState !== "inactive" && activeState !== "failed";
 const octal = (mode: number) => `0${mode.toString(8)}`;
 const unitOf = (s: Step) => (s.kind === "write" || s.kind === "remove") && s.target.type !== "file" ? s.target.unit : "";

@@ -149,6 +149,10 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
       // sets bin_dir to /opt/cni/bin), and the pod network.
       await node.execOk(["sh", "-c", "mkdir -p /opt/cni/bin && cp -a /usr/lib/cni/. /opt/cni/bin/"]);
       await writePodNetwork(node);
+      // The machine image's sshd, which Gardener's sshd-ensurer keeps enabled and running (without one it
+      // fails and is restarted every 5 s, a restart no agent made).
+      await node.writeFile("/usr/lib/systemd/system/sshd.service", sshdStandIn);
+      await node.execOk(["systemctl", "daemon-reload"]);
     }
     const machine = `machine-${node.name}`;
     const user = nodeAgentUserPrefix + machine;
@@ -186,6 +190,14 @@ export async function bareNode(cluster: Cluster, registry: Registry, prefix: str
   }
 }
 
+const sshdStandIn = `[Unit]
+Description=OpenSSH server (a stand-in)
+[Service]
+ExecStart=/bin/sleep infinity
+[Install]
+WantedBy=multi-user.target
+`;
+
 /**
  * containerd's configuration as the machine image brings it: Debian's (the CNI directories) plus
  * `restrict_oom_score_adj`, which this machine needs (the test process, hence the node, lacks
@@ -210,8 +222,16 @@ const machineImageContainerdConfig = `version = 2
  */
 export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string, repo = "trellis/agent"): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
   const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/${repo}:${tag}`])).trim();
+  return initAndApprove(cluster, bare, () => bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/${repo}:${tag}@${digest}` } }));
+}
+
+/**
+ * Starts the machine's node init with `init` and approves the agent's bootstrap CSR as soon as it appears.
+ * Returns the CSR's name and when (performance.now()) the init started and the CSR was seen.
+ */
+export async function initAndApprove(cluster: Cluster, bare: BareNode, init: () => Promise<unknown>): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
   const startedMs = performance.now();
-  await bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/${repo}:${tag}@${digest}` } });
+  await init();
   const csr = await waitForCsr(cluster, `the bootstrap CSR of ${bare.name}`, (c) => c.spec.username === bare.bootstrapUser, 120_000);
   const csrSeenMs = performance.now();
   const name = csr.metadata?.name as string;

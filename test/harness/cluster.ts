@@ -70,6 +70,12 @@ export type ClusterOptions = {
    * still counts against the same cores).
    */
   controlPlaneNice?: number;
+  /**
+   * An authorization webhook after Node and RBAC, as gardenlet configures Gardener's node-agent authorizer in a
+   * shoot's kube-apiserver (botanist DeployKubeAPIServer, kubeapiserver authorization.go): asked only about
+   * requests of the group `group`, a failure to answer denies, no decision cached.
+   */
+  authorizationWebhook?: { name: string; url: string; caPem: string; group: string };
 };
 
 /** Starts a control plane and waits until it serves requests (and, with the controller manager, runs controllers). */
@@ -85,7 +91,8 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
   writeFileSync(`${dir}/audit-policy.yaml`, auditPolicy);
 
   const etcd = new Daemon("etcd", etcdArgs(bin, dir, etcdPort, peerPort), dir, opts.controlPlaneNice);
-  const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog), dir, opts.controlPlaneNice);
+  const authorization = opts.authorizationWebhook ? writeAuthorizationConfig(dir, opts.authorizationWebhook) : undefined;
+  const apiserver = new Daemon("kube-apiserver", apiserverArgs(bin, dir, pki, etcdPort, apiPort, auditLog, authorization), dir, opts.controlPlaneNice);
   const kcm = new Daemon("kube-controller-manager", kcmArgs(bin, pki, kcmKubeconfig, kcmPort), dir);
   const daemons = opts.controllerManager === false ? [etcd, apiserver] : [etcd, apiserver, kcm];
   const extraApiServers: Daemon[] = [];
@@ -150,7 +157,7 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
     secondApiServer: async () => {
       const port = await freePort();
       const second = `https://127.0.0.1:${port}`;
-      const d = new Daemon(`kube-apiserver-${port}`, apiserverArgs(bin, dir, pki, etcdPort, port, `${dir}/audit-${port}.log`), dir);
+      const d = new Daemon(`kube-apiserver-${port}`, apiserverArgs(bin, dir, pki, etcdPort, port, `${dir}/audit-${port}.log`, authorization), dir);
       extraApiServers.push(d);
       d.start();
       await d.waitReady("/readyz", () => httpsOk(`${second}/readyz`, adminTls), 60_000);
@@ -320,7 +327,51 @@ function etcdArgs(bin: string, dir: string, port: number, peerPort: number): str
   ];
 }
 
-function apiserverArgs(bin: string, dir: string, pki: Pki, etcdPort: number, port: number, auditLog: string): string[] {
+/** kube-apiserver's AuthorizationConfiguration (and the webhook's kubeconfig it names): Node, RBAC, then the webhook. */
+function writeAuthorizationConfig(dir: string, w: NonNullable<ClusterOptions["authorizationWebhook"]>): string {
+  const kubeconfig = `${dir}/authorization-webhook.kubeconfig`;
+  writeFileSync(
+    kubeconfig,
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "Config",
+      clusters: [{ name: w.name, cluster: { server: w.url, "certificate-authority-data": Buffer.from(w.caPem).toString("base64") } }],
+      users: [{ name: w.name, user: {} }],
+      contexts: [{ name: w.name, context: { cluster: w.name, user: w.name } }],
+      "current-context": w.name,
+    }),
+    { mode: 0o600 },
+  );
+  const config = `${dir}/authorization-config.yaml`;
+  writeFileSync(
+    config,
+    JSON.stringify({
+      apiVersion: "apiserver.config.k8s.io/v1",
+      kind: "AuthorizationConfiguration",
+      authorizers: [
+        { type: "Node", name: "node" },
+        { type: "RBAC", name: "rbac" },
+        {
+          type: "Webhook",
+          name: w.name,
+          webhook: {
+            timeout: "10s",
+            cacheAuthorizedRequests: false,
+            cacheUnauthorizedRequests: false,
+            failurePolicy: "Deny",
+            subjectAccessReviewVersion: "v1",
+            matchConditionSubjectAccessReviewVersion: "v1",
+            matchConditions: [{ expression: `'${w.group}' in request.groups` }],
+            connectionInfo: { type: "KubeConfigFile", kubeConfigFile: kubeconfig },
+          },
+        },
+      ],
+    }),
+  );
+  return config;
+}
+
+function apiserverArgs(bin: string, dir: string, pki: Pki, etcdPort: number, port: number, auditLog: string, authorizationConfig?: string): string[] {
   return [
     `${bin}/kube-apiserver`,
     `--etcd-servers=http://127.0.0.1:${etcdPort}`,
@@ -330,7 +381,7 @@ function apiserverArgs(bin: string, dir: string, pki: Pki, etcdPort: number, por
     `--tls-cert-file=${pki.apiserver.cert}`,
     `--tls-private-key-file=${pki.apiserver.key}`,
     `--client-ca-file=${pki.clientCa.cert}`,
-    "--authorization-mode=Node,RBAC",
+    authorizationConfig ? `--authorization-config=${authorizationConfig}` : "--authorization-mode=Node,RBAC",
     "--enable-bootstrap-token-auth",
     `--service-account-key-file=${pki.saPub}`,
     `--service-account-signing-key-file=${pki.saKey}`,

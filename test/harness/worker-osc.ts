@@ -37,8 +37,11 @@ export type WorkerOscInput = {
   extraFile?: string;
 };
 
-/** The pool's OSC Secret as gardenlet writes it: name, data["osc.yaml"] and its checksum/data-script. */
-export type WorkerOsc = { secretName: string; osc: string; checksum: string };
+/**
+ * The pool's OSC Secret as gardenlet writes it: name, data["osc.yaml"] and its checksum/data-script; and the
+ * pool's provisioning OSC (`init`: gardener-node-init, what machine-controller-manager gives a new machine).
+ */
+export type WorkerOsc = { secretName: string; osc: string; checksum: string; init: string };
 
 const script = new URL("../peer/osc-render.sh", import.meta.url).pathname;
 let built: Promise<string> | undefined;
@@ -68,9 +71,14 @@ export async function workerOsc(i: WorkerOscInput): Promise<WorkerOsc> {
       ...(i.credentialsRotation ? { credentialsRotation: rotationStatus(i.credentialsRotation) } : {}),
     }),
   );
-  await runOk([await rendererBinary(), "--values", `${dir}/values.json`, "--out", `${dir}/osc.yaml`, "--secret-out", `${dir}/secret.yaml`]);
+  await runOk([await rendererBinary(), "--values", `${dir}/values.json`, "--out", `${dir}/osc.yaml`, "--secret-out", `${dir}/secret.yaml`, "--init-out", `${dir}/init.yaml`]);
   const secret = parse(readFileSync(`${dir}/secret.yaml`, "utf8"));
-  const rendered = { secretName: secret.metadata.name as string, osc: Buffer.from(secret.data["osc.yaml"], "base64").toString("utf8"), checksum: secret.metadata.annotations["checksum/data-script"] as string };
+  const rendered = {
+    secretName: secret.metadata.name as string,
+    osc: Buffer.from(secret.data["osc.yaml"], "base64").toString("utf8"),
+    checksum: secret.metadata.annotations["checksum/data-script"] as string,
+    init: readFileSync(`${dir}/init.yaml`, "utf8"),
+  };
   if (!i.extraFile && !i.osUpdate) return rendered;
   const doc = parse(rendered.osc);
   if (i.extraFile) doc.status = { ...doc.status, extensionFiles: [{ path: "/etc/e2e/unrelated", permissions: 0o644, content: { inline: { data: i.extraFile } } }] };

@@ -5,8 +5,9 @@
 // renders for its pool (worker-osc.ts), install.sh, the agent's CSR approved, the Node Ready.
 import { readFileSync } from "node:fs";
 import { CoreV1Api, type V1Pod } from "@kubernetes/client-node";
+import { parse } from "yaml";
 import { mainPid, putOscSecret, readNode, waitApplied } from "./agent.ts";
-import { type BareNode, bareNode, type BareNodeOptions, installAndApprove, pushTrellis, upstream } from "./bare-node.ts";
+import { type BareNode, bareNode, type BareNodeOptions, initAndApprove, installAndApprove, pushImage, pushTrellis, upstream } from "./bare-node.ts";
 import { trellisBinary } from "./binary.ts";
 import { grantCsrRbac } from "./bootstrap.ts";
 import { bridgeHostIp } from "./bridge-relay.ts";
@@ -28,6 +29,25 @@ export type WorkerAgent = { repo: string; tag: string; peer?: BareNodeOptions["p
 
 /** trellis, as startWorkerWorld pushes it. */
 export const trellisAgent: WorkerAgent = { repo: "trellis/agent", tag: "v1" };
+
+/**
+ * A node agent's binary pushed into the world's registry as the image its OSC deploys (the binary at
+ * /gardener-node-agent): trellis's as build/image.ts makes it (`release`: at the release's levels), and
+ * gardener-node-agent's as one plain layer, with what its configuration and RBAC need.
+ */
+export async function pushAgentImage(
+  world: WorkerWorld,
+  agent: { id: "trellis" | "gna"; binary: string; version: string; configName: string; rules: NonNullable<BareNodeOptions["peer"]>["rules"] },
+  opts: { release?: boolean } = {},
+): Promise<WorkerAgent> {
+  const tag = `${agent.id}-${agent.version}`;
+  if (agent.id === "trellis") {
+    await pushTrellis(world.registry, tag, agent.binary, agent.version, opts);
+    return { repo: trellisAgent.repo, tag };
+  }
+  await pushImage(world.registry, "gardener/node-agent", tag, { "gardener-node-agent": { content: readFileSync(agent.binary), mode: 0o755 } });
+  return { repo: "gardener/node-agent", tag, peer: { configName: agent.configName, rules: agent.rules } };
+}
 
 /** `release`: trellis's image as a release compresses it (pushTrellis), for benchmarks of the boot. */
 export async function startWorkerWorld(opts: { release?: boolean } = {}): Promise<WorkerWorld> {
@@ -72,6 +92,11 @@ export type Worker = {
 export type WorkerOptions = {
   /** The node agent (default: trellis). */
   agent?: WorkerAgent;
+  /**
+   * How the machine gets the agent at its first boot: trellis's install.sh (the default), or Gardener's own
+   * gardener-node-init from the pool's provisioning OSC (its init.sh pulls the agent's image with ctr).
+   */
+  init?: "install.sh" | "gardener-node-init";
   /** The worker pool (Gardener's default: worker); each pool has its own OSC Secret. */
   pool?: string;
   machineContainerd?: BareNodeOptions["machineContainerd"];
@@ -94,7 +119,7 @@ export async function bringUpWorker(world: WorkerWorld, prefix: string, o: Worke
     const rendered = await workerOsc(input);
     if (rendered.secretName !== secretName) throw new Error(`the pool's Secret name changed with the API server's address: ${secretName} → ${rendered.secretName}`);
     const checksum = await putOscSecret(cluster, secretName, rendered.osc);
-    const { startedMs, csrSeenMs } = await installAndApprove(cluster, registry, bare, agent.tag, agent.repo);
+    const { startedMs, csrSeenMs } = o.init === "gardener-node-init" ? await initAndApprove(cluster, bare, () => gardenerNodeInit(bare, rendered.init)) : await installAndApprove(cluster, registry, bare, agent.tag, agent.repo);
     const [readyMs, appliedMs] = await Promise.all([
       waitForNodeReady(cluster.admin(), bare.name, 180_000).then(() => performance.now()),
       waitApplied(bare, checksum, 180_000, 100).then(() => performance.now()),
@@ -107,6 +132,22 @@ export async function bringUpWorker(world: WorkerWorld, prefix: string, o: Worke
     await bare.stop();
     throw err;
   }
+}
+
+/**
+ * Gardener's node init, as machine-controller-manager's user data brings it: the provisioning OSC's files
+ * (init.sh, the agent's bootstrap configuration, the cluster CA) and its gardener-node-init.service, started.
+ * The bootstrap token and machine name, placeholders there, are the machine's own (bareNode wrote them).
+ */
+async function gardenerNodeInit(bare: BareNode, initOsc: string): Promise<void> {
+  const osc = parse(initOsc) as { spec: { files: { path: string; permissions?: number; content: { inline: { encoding?: string; data: string } } }[]; units: { name: string; content: string }[] } };
+  for (const f of osc.spec.files) {
+    const { encoding, data } = f.content.inline;
+    if (data.startsWith("<<")) continue;
+    await bare.node.writeFile(f.path, encoding === "b64" ? Buffer.from(data, "base64") : data, f.permissions ?? 0o600);
+  }
+  for (const u of osc.spec.units) await bare.node.writeFile(`/etc/systemd/system/${u.name}`, u.content);
+  await bare.node.execOk(["sh", "-c", `touch /etc/environment && systemctl daemon-reload && systemctl enable --now --no-block ${osc.spec.units.map((u) => u.name).join(" ")}`]);
 }
 
 /** Renders the pool's OSC with `changes`, puts it into the Secret and waits until the node applied it. */

@@ -11,6 +11,8 @@ import { parseAgentConfig } from "../../src/api/agent-config.ts";
 import { oscChecksum, parseOscBytes } from "../../src/api/desired.ts";
 import type { OperatingSystemConfig } from "../../src/api/osc.ts";
 import { runOk } from "../harness/exec.ts";
+import { binaryPathInImage, trellisImageSpec } from "../../build/trellis-image.ts";
+import { repoRoot } from "../harness/binary.ts";
 import { rendererBinary } from "../harness/worker-osc.ts";
 
 const dir = mkdtempSync("/tmp/trellis-gardener-render-");
@@ -18,11 +20,15 @@ type Rendered = { bytes: Uint8Array; checksum: string; osc: OperatingSystemConfi
 let plain: Rendered;
 let withDataVolume: Rendered;
 
-async function render(name: string, extra: Record<string, unknown>): Promise<Rendered> {
+const images = { hyperkube: "r/h:v1.35.4", "gardener-node-agent": "r/g:v1", "pause-container": "r/p:3" };
+
+/** `imageVectorOverwrite`: a file gardenlet would read (IMAGEVECTOR_OVERWRITE) instead of the values' images. */
+async function render(name: string, extra: Record<string, unknown>, imageVectorOverwrite?: string): Promise<Rendered> {
   const ca = readFileSync(`${dir}/ca.crt`, "utf8");
-  const values = { apiServerURL: "https://10.233.0.1:6443", caBundle: ca, kubeletCABundle: ca, images: { hyperkube: "r/h:v1.35.4", "gardener-node-agent": "r/g:v1", "pause-container": "r/p:3" }, clusterDNS: ["10.0.0.10"], ...extra };
+  const values = { apiServerURL: "https://10.233.0.1:6443", caBundle: ca, kubeletCABundle: ca, ...(imageVectorOverwrite ? {} : { images }), clusterDNS: ["10.0.0.10"], ...extra };
   writeFileSync(`${dir}/${name}.json`, JSON.stringify(values));
-  await runOk([await rendererBinary(), "--values", `${dir}/${name}.json`, "--out", `${dir}/${name}-osc.yaml`, "--secret-out", `${dir}/${name}-secret.yaml`, "--init-out", `${dir}/${name}-init.yaml`]);
+  const env = imageVectorOverwrite ? { env: { ...(process.env as Record<string, string>), IMAGEVECTOR_OVERWRITE: imageVectorOverwrite } } : {};
+  await runOk([await rendererBinary(), "--values", `${dir}/${name}.json`, "--out", `${dir}/${name}-osc.yaml`, "--secret-out", `${dir}/${name}-secret.yaml`, "--init-out", `${dir}/${name}-init.yaml`], env);
   const secret = parse(readFileSync(`${dir}/${name}-secret.yaml`, "utf8"));
   const bytes = new Uint8Array(Buffer.from(secret.data["osc.yaml"], "base64"));
   const osc = parseOscBytes(bytes, `${name} osc.yaml`);
@@ -65,6 +71,39 @@ describe("Gardener's rendering, read by trellis", () => {
     const config = parseAgentConfig(agentConfigIn(withDataVolume.init), "config-v1.150.0.yaml");
     if (!config.ok) throw new Error(config.errors.join("\n"));
     expect(config.config.bootstrap?.kubeletDataVolumeSize).toBe(20 * 1024 ** 3);
+  });
+});
+
+// docs/gardener-landscape.md: the image vector overwrite it gives gardenlet, rendered by Gardener's code.
+describe("gardenlet with the image vector overwrite docs/gardener-landscape.md gives", () => {
+  const overwrite = readFileSync(`${repoRoot}/docs/gardener-landscape.md`, "utf8")
+    .split("```yaml\n")
+    .slice(1)
+    .map((block) => block.slice(0, block.indexOf("```")))
+    .find((block) => block.includes("name: gardener-node-agent"));
+  const ref = (parse(overwrite ?? "") as { images: { name: string; ref: string }[] }).images.find((i) => i.name === "gardener-node-agent")?.ref as string;
+  let rendered: Rendered;
+  beforeAll(async () => {
+    writeFileSync(`${dir}/images_overwrite.yaml`, overwrite ?? "");
+    rendered = await render("overwritten", {}, `${dir}/images_overwrite.yaml`);
+  }, 30 * 60_000);
+
+  test("the OSC installs the agent from trellis's image, by its digest, at the path in the image where trellis's image holds it", () => {
+    expect(ref).toMatch(/@sha256:[0-9a-f]{64}$/);
+    const agent = (rendered.osc.spec.files ?? []).find((f) => f.path === "/opt/bin/gardener-node-agent");
+    expect(agent).toMatchObject({ permissions: 0o755, content: { imageRef: { image: ref, filePathInImage: binaryPathInImage } } });
+    expect((rendered.osc.spec.units ?? []).find((u) => u.name === "gardener-node-agent.service")?.filePaths).toContain("/opt/bin/gardener-node-agent");
+    const layer = trellisImageSpec("amd64", new Uint8Array([1]), { version: "0.1.0", commit: "x" }).layers[0] ?? {};
+    expect(layer[binaryPathInImage.slice(1)]).toMatchObject({ mode: 0o755 });
+  });
+
+  test("a new machine's gardener-node-init pulls the same image, copies that path out of it to /opt/bin and runs its bootstrap", () => {
+    const init = (rendered.init.spec.files ?? []).find((f) => f.path === "/var/lib/gardener-node-agent/init.sh")?.content.inline;
+    const script = Buffer.from(init?.data ?? "", "base64").toString("utf8");
+    expect(script).toContain(`image="${ref}"`);
+    expect(script).toContain(`ctr images pull $CTR_EXTRA_ARGS --hosts-dir "/etc/containerd/certs.d" "$image"`);
+    expect(script).toContain(`cp -f "$tmp_dir${binaryPathInImage}" "/opt/bin"`);
+    expect(script).toContain('exec "/opt/bin/gardener-node-agent" bootstrap --config-dir="/var/lib/gardener-node-agent"');
   });
 });
 

@@ -113,6 +113,6 @@ export function stateStoreOf(m: Machine, wall: () => number): StateStore {
       ...(m.lastApplied ? { lastApplied: { checksum: m.lastApplied, at: new Date(wall()).toISOString() } } : {}),
     }),
     write: async () => undefined,
-    writeLastAppliedOsc: async () => undefined,
+    recordApplied: async () => undefined,
   };
 }

@@ -263,9 +263,9 @@ function startNewAgent(env: AgentEnv): void {
     return periodic();
   }
 
-  /** applyDesired: the OSC's bytes recorded as last applied (paths.lastAppliedOsc, what keepLastGood copies) with the apply. */
+  /** applyDesired: the OSC's bytes recorded as applied (paths.appliedOsc, what keepLastGood copies) with the apply. */
   async function apply(content: Content, bytes: Uint8Array, checksum: string): Promise<void> {
-    await env.files.writeAtomic(paths.lastAppliedOsc, bytes, 0o600);
+    await env.files.writeAtomic(paths.appliedOsc, bytes, 0o600);
     await env.host.apply(content, checksum);
   }
 

@@ -1,10 +1,11 @@
 // install.sh travels in every machine's user data (next to the kubelet's and the agent's own settings,
 // under limits like EC2's 16 KiB): it must stay small, and be plain POSIX sh, as run by dash.
 // What it does is tested on real nodes in test/e2e/install.test.ts.
-import { expect, test } from "bun:test";
-import { readFileSync, statSync } from "node:fs";
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
 import { repoRoot } from "../harness/binary.ts";
-import { run } from "../harness/exec.ts";
+import { run, runOk } from "../harness/exec.ts";
 
 const path = `${repoRoot}/install.sh`;
 const script = readFileSync(path, "utf8");
@@ -50,4 +51,64 @@ test("no bash-isms, no jq: [[ ]], arrays, local, source, ==, <<<, $'…' and pip
   for (const bashism of [/\[\[/, /\blocal\s/, /^\s*source\s/m, /\s==\s/, /<<</, /\$'/, /pipefail/, /\bjq\b/, /\bdeclare\b/, /\w+=\(/]) {
     expect({ bashism: String(bashism), found: bashism.test(code) }).toEqual({ bashism: String(bashism), found: false });
   }
+});
+
+// A machine that cannot run trellis (musl, or a glibc older than the binaries need: test/e2e/glibc.test.ts)
+// is refused before anything is installed, rather than left with a unit that crash-loops. The script runs
+// unchanged, in a mount namespace where the machine's dynamic loader is replaced (or gone); everything in
+// it is the static busybox, which needs no loader. The unit directory and /opt are private tmpfs there and
+// systemctl a recorder, so a script that passes the check installs nothing on this machine.
+describe("install.sh refuses a machine whose C library cannot run trellis, before installing its unit", () => {
+  const loader = process.arch === "arm64" ? "/lib/ld-linux-aarch64.so.1" : "/lib64/ld-linux-x86-64.so.2";
+  const image = `registry.example.invalid/trellis/agent:1@sha256:${"a".repeat(64)}`;
+  let dir: string;
+  beforeAll(async () => {
+    dir = mkdtempSync("/tmp/trellis-install-libc-");
+    mkdirSync(`${dir}/bin`);
+    await runOk(["busybox", "--install", "-s", `${dir}/bin`]);
+    writeFileSync(`${dir}/bin/systemctl`, `#!/usr/bin/busybox sh\necho "$*" >>${dir}/systemctl-calls\n`, { mode: 0o755 });
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  /** install.sh as cloud-init runs it, with the loader `replace`d (a script, or nothing at all). */
+  async function installWith(name: string, replace: { script: string } | "absent" | "real") {
+    rmSync(`${dir}/systemctl-calls`, { force: true });
+    const config = `${dir}/${name}`;
+    let setup = "";
+    if (replace === "absent") setup = `mount -t tmpfs none ${dirname(loader)}`;
+    else if (replace !== "real") {
+      writeFileSync(`${dir}/${name}.ld`, `#!/usr/bin/busybox sh\n${replace.script}\n`, { mode: 0o755 });
+      setup = `mount --bind ${dir}/${name}.ld ${loader}`;
+    }
+    const script = `mount -t tmpfs none /etc/systemd/system && mount -t tmpfs none /opt && ${setup || "true"} && exec sh ${path}`;
+    const r = await run(["busybox", "unshare", "-m", "--propagation", "private", "busybox", "sh", "-c", script], {
+      env: { PATH: `${dir}/bin`, TRELLIS_IMAGE: image, TRELLIS_CONFIG_DIR: config },
+    });
+    const calls = existsSync(`${dir}/systemctl-calls`) ? readFileSync(`${dir}/systemctl-calls`, "utf8") : "";
+    return { ...r, calls, initScript: existsSync(`${config}/init.sh`) };
+  }
+
+  test.each([
+    ["glibc 2.12", { script: "echo 'ld.so (GNU libc) stable release version 2.12, by Roland McGrath et al.'" }, "found 2.12"],
+    ["musl (its loader answers --version with an error)", { script: "echo 'musl libc (x86_64)' >&2; echo 'Version 1.2.4' >&2; exit 1" }, "found none (musl?)"],
+    ["no glibc loader at all", "absent" as const, "found none (musl?)"],
+  ])("%s: stops with the reason, writes no unit, starts nothing", async (name, replace, found) => {
+    const r = await installWith(name.replace(/\W+/g, "-"), replace);
+    expect(r.code).toBe(1);
+    expect(r.stdout.trim()).toBe(`trellis-install: error: trellis needs glibc >= 2.17 (${loader}), ${found}`);
+    expect({ calls: r.calls, initScript: r.initScript }).toEqual({ calls: "", initScript: false });
+  });
+
+  test.each([
+    ["glibc 2.17, the oldest it runs on", { script: "echo 'ld.so (GNU libc) stable release version 2.17, by Roland McGrath et al.'" }],
+    ["this machine's glibc", "real" as const],
+  ])("%s: goes on to install and start the init unit", async (name, replace) => {
+    const r = await installWith(name.replace(/\W+/g, "-"), replace);
+    expect({ code: r.code, stdout: r.stdout, calls: r.calls, initScript: r.initScript }).toEqual({
+      code: 0,
+      stdout: "trellis-install: started gardener-node-init.service\n",
+      calls: "daemon-reload\n-q enable --now --no-block gardener-node-init.service\n",
+      initScript: true,
+    });
+  });
 });

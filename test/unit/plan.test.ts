@@ -7,7 +7,7 @@ import { driftInSteps } from "../../src/plan/drift.ts";
 import { type Desired, type DesiredFile, type DesiredUnit, sha256Hex, type UnitCommand } from "../../src/api/desired.ts";
 import { dropInPath, unitFilePath } from "../../src/api/paths.ts";
 import { emptyOwned, type Owned, type OwnedUnit } from "../../src/api/state.ts";
-import { ownedAfter, settleOwned, unitSpecDigest } from "../../src/plan/owned.ts";
+import { adoptMatching, ownedAfter, settleOwned, unitSpecDigest } from "../../src/plan/owned.ts";
 import { makePlan, unitFileMode } from "../../src/plan/plan.ts";
 import { type Plan, PlanSchema, type Step } from "../../src/api/plan.ts";
 import type { Observed } from "../../src/plan/types.ts";
@@ -181,10 +181,57 @@ describe("first apply (nothing owned, nothing on disk)", () => {
     expect(shown(q)).toEqual([`write ${U("a.service")}`, "disable a.service", "daemon-reload", "stop a.service"]);
   });
 
-  test("a node set up by gardener-node-agent (everything in place, nothing owned) gets no writes, but every unit is enabled and restarted once", () => {
+  test("everything in place but nothing owned nor adopted (makePlan alone; planForNode adopts first, below) gets no writes, but every unit is enabled and restarted once", () => {
     const q = plan(d, emptyOwned(), observed(diskFrom(d), unitsFrom(d)));
     expect(shown(q).filter((s) => s.startsWith("write") || s === "daemon-reload")).toEqual([]);
     expect(shown(q).filter((s) => s.startsWith("restart"))).toHaveLength(d.units.length);
+  });
+});
+
+// What planForNode does on a node another agent set up: adoptMatching (the disk and systemd, as they are),
+// then the plan.
+describe("taking over a node gardener-node-agent set up (adoptMatching, then the plan)", () => {
+  // Gardener's OSC gives containerd.service and systemd-sysctl.service no unit file: only a command, the
+  // enablement and the files they read.
+  const sysctlRestart = unit("systemd-sysctl.service", { command: "restart", filePaths: [sysctl.path] });
+  const d = node({ sysctlUnit: null, containerd: unit("containerd.service"), valitail: sysctlRestart });
+  const takeOver = (disk: Disk, units: Units | undefined) => {
+    const obs = observed(disk, units);
+    return plan(d, adoptMatching(emptyOwned(), d, obs), obs);
+  };
+
+  test("everything in place and running as the OSC asks: nothing is written, nothing restarts", () => {
+    const p = takeOver(diskFrom(d), unitsFrom(d));
+    expect(shown(p).filter((x) => !x.startsWith("enable"))).toEqual([]);
+  });
+
+  test("a file a unit without a unit file lists differs: it is written and that unit restarts, only it", () => {
+    const p = takeOver(diskFrom(d, { [sysctl.path]: "net.ipv4.ip_forward = 0" }), unitsFrom(d));
+    expect(shown(p).filter((x) => !x.startsWith("enable"))).toEqual([`write ${sysctl.path}`, "restart systemd-sysctl.service"]);
+    expect(reasonOf(p, "restart systemd-sysctl.service")).toBe(`file ${sysctl.path} changed`);
+  });
+
+  test.each([
+    ["inactive though it is to run", { activeState: "inactive" }],
+    ["disabled though the OSC enables it", { unitFileState: "disabled" }],
+    ["unknown to systemd", { unitFileState: "", activeState: "inactive" }],
+  ])("a unit without a unit file that is %s is not adopted: it is started as a new unit", (_, state) => {
+    const p = takeOver(diskFrom(d), unitsFrom(d, { "containerd.service": state }));
+    expect(reasonOf(p, "restart containerd.service")).toBe("new unit");
+    expect(shown(p).filter((x) => x.startsWith("restart"))).toEqual(["restart containerd.service"]);
+  });
+
+  test("without systemd (plan --root) nothing tells how a unit runs: units without a unit file are new", () => {
+    const p = takeOver(diskFrom(d), undefined);
+    expect(shown(p).filter((x) => x.startsWith("restart"))).toEqual(["restart systemd-sysctl.service", "restart containerd.service"]);
+  });
+
+  test("adopted as the OSC has it: the next OSC that stops the unit stops it, and one that changes nothing keeps it", () => {
+    const obs = observed(diskFrom(d), unitsFrom(d));
+    const owned = adoptMatching(emptyOwned(), d, obs);
+    expect(owned.units["systemd-sysctl.service"]).toEqual({ dropIns: {}, enable: true, command: "restart" });
+    const stopped = node({ sysctlUnit: null, containerd: unit("containerd.service", { command: "stop" }), valitail: sysctlRestart });
+    expect(shown(plan(stopped, owned, obs))).toContain("stop containerd.service");
   });
 });
 

@@ -6,6 +6,7 @@ import { mkdtempSync, readdirSync } from "node:fs";
 import { sha256Hex, type Desired, type DesiredFile } from "../../src/api/desired.ts";
 import { checkSelfUpdate } from "../../src/apply/self-update.ts";
 import { createFiles } from "../../src/host/files.ts";
+import { createLogger } from "../../src/log.ts";
 import { runDir } from "../harness/exec.ts";
 
 const base = runDir("self-update-unit");
@@ -91,6 +92,44 @@ describe("checking a new agent binary or configuration before installing it", ()
     // On the node already: not even the (here unreadable) old config.yaml is looked at again.
     await files.writeAtomic(`${configDir}/config-v2.yaml`, "broken\n", 0o600);
     expect(await checkSelfUpdate(desiredWith([fileOf(`${configDir}/config-v2.yaml`, "broken\n", 0o600)]), check)).toBeUndefined();
+  });
+
+  // gardener-node-agent v1.150.0's command line (cobra): no check-config or version command, --version prints its version.
+  const otherAgent = `#!/bin/sh
+case "$1" in
+--version) echo "Kubernetes v1.150.0" ;;
+*) echo "Error: unknown command \"$1\" for \"gardener-node-agent\"" >&2; exit 1 ;;
+esac
+`;
+
+  test("another agent (going back to gardener-node-agent) is installed once it starts here, and the log says its configuration was not checked", async () => {
+    const { check } = await setup();
+    const lines: string[] = [];
+    const log = createLogger({ level: "info", write: (line) => lines.push(line) });
+    expect(await checkSelfUpdate(desiredWith([fileOf(selfBinary, otherAgent, 0o755)]), { ...check, log })).toBeUndefined();
+    expect(lines.map((l) => JSON.parse(l))).toContainEqual(
+      expect.objectContaining({ msg: "the new agent binary is not trellis: it starts on this machine, its configuration cannot be checked", version: "Kubernetes v1.150.0", sha256: sha256Hex(otherAgent) }),
+    );
+  });
+
+  test("another agent that does not start here is refused", async () => {
+    const { check } = await setup();
+    const problem = await checkSelfUpdate(desiredWith([fileOf(selfBinary, otherAgent.replace("--version)", "--never)"), 0o755)]), check);
+    expect(problem).toContain(`spec.files (${selfBinary}): the new agent binary`);
+  });
+
+  test("a trellis binary whose check-config fails is refused, though it would print a version", async () => {
+    const { check } = await setup();
+    const trellisLike = `#!/bin/sh
+case "$1" in
+version) echo '{"version":"9.9.9","commit":"abc"}' ;;
+--version) echo "trellis 9.9.9" ;;
+*) echo "config-v2.yaml: not readable" >&2; exit 1 ;;
+esac
+`;
+    const problem = await checkSelfUpdate(desiredWith([fileOf(selfBinary, trellisLike, 0o755)]), check);
+    expect(problem).toContain("cannot start with this node's configuration");
+    expect(problem).toContain("config-v2.yaml: not readable");
   });
 
   test("the check leaves nothing behind", async () => {

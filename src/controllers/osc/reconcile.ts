@@ -127,6 +127,7 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
     files: deps.files,
     selfBinary: deps.selfBinary,
     configDir: deps.configDir,
+    log: ctx.log,
     ...(agentState.owned.files[deps.selfBinary] ? { installed: agentState.owned.files[deps.selfBinary]?.sha256 } : {}),
   });
   if (selfUpdateProblem) return { wait: await invalid(ctx, checksum, [selfUpdateProblem]) };

@@ -321,10 +321,10 @@ export function startRollout(deps: RolloutDeps): Rollout {
   }
 
   async function keepLastGood(s: NodeRollout): Promise<void> {
-    // The OSC that passed is the last one applied: its bytes are last-applied-osc.yaml.
+    // The OSC that passed is the last one applied: its bytes are trellis's copy of it.
     const applied = (await deps.store.read()).lastApplied?.checksum;
     if (!s.lastGood || applied !== s.lastGood.checksum) return;
-    const bytes = await deps.files.read(paths.lastAppliedOsc);
+    const bytes = await deps.files.read(paths.appliedOsc);
     if (bytes) await deps.files.writeAtomic(lastGoodOscPath, bytes, 0o600);
   }
 

@@ -4,11 +4,9 @@
 // kubelet's configuration in that OSC (maxPods): Secret replaced → kubelet's new process → the Node Ready
 // again as the new kubelet reports it. Its own control plane (with kube-controller-manager, serving on
 // the bridge) and registry; a fresh worker per run; the agents take turns.
-import { readFileSync } from "node:fs";
 import { putOscSecret, waitApplied } from "../../harness/agent.ts";
-import { pushImage, pushTrellis } from "../../harness/bare-node.ts";
 import { waitFor } from "../../harness/exec.ts";
-import { bringUpWorker, readyAgain, readyHeartbeat, runWebPod, startWorkerWorld, unitPids, type WorkerAgent } from "../../harness/worker.ts";
+import { bringUpWorker, pushAgentImage, readyAgain, readyHeartbeat, runWebPod, startWorkerWorld, unitPids, type WorkerAgent } from "../../harness/worker.ts";
 import { workerOsc } from "../../harness/worker-osc.ts";
 import type { AgentId, BenchAgent } from "./agents.ts";
 import { type Summary, summary } from "./stats.ts";
@@ -24,17 +22,6 @@ export type WorkerPhaseResult = Record<
   }
 >;
 
-/** The node agent the rendered OSC deploys, as the agent's image in the world's registry. */
-async function pushAgent(world: Awaited<ReturnType<typeof startWorkerWorld>>, agent: BenchAgent): Promise<WorkerAgent> {
-  if (agent.id === "trellis") {
-    // As a release compresses it (zstd -19, a gzip -9 alternative): the layer install.sh really pulls.
-    await pushTrellis(world.registry, "bench", agent.binary, agent.version, { release: true });
-    return { repo: "trellis/agent", tag: "bench" };
-  }
-  await pushImage(world.registry, "gardener/node-agent", agent.version, { "gardener-node-agent": { content: readFileSync(agent.binary), mode: 0o755 } });
-  return { repo: "gardener/node-agent", tag: agent.version, peer: { configName: agent.configName, rules: agent.rules } };
-}
-
 export async function workerPhase(agents: BenchAgent[], o: { runs: number; changes: number; progress: (msg: string) => void; turns: <T>(xs: T[], k: number) => T[] }): Promise<WorkerPhaseResult> {
   const world = await startWorkerWorld();
   const samples = Object.fromEntries(
@@ -42,7 +29,8 @@ export async function workerPhase(agents: BenchAgent[], o: { runs: number; chang
   ) as Record<AgentId, { csr: number[]; applied: number[]; ready: number[]; pod: number[]; restart: number[]; readyAgain: number[]; others: number }>;
   try {
     const images = new Map<AgentId, WorkerAgent>();
-    for (const a of agents) images.set(a.id, await pushAgent(world, a));
+    // trellis as a release compresses it (zstd -19, a gzip -9 alternative): the layer install.sh really pulls.
+    for (const a of agents) images.set(a.id, await pushAgentImage(world, a, { release: true }));
     for (let r = 0; r < o.runs; r++) {
       for (const agent of o.turns(agents, r)) {
         const s = samples[agent.id];
