@@ -51,6 +51,31 @@ export const deliberate: DeliberateRow[] = [
     reason: "The token is where the configuration says; Gardener's own token paths exist already, so on a Gardener node both write the same files, and nothing outside the node reads them.",
     match: [{ area: "file", key: "/var/lib/parity-token-nodir(/token)?", gna: "absent" }],
   },
+  {
+    id: "restart-on-bytes",
+    gna: "Restarts a unit when a file it lists changes in the OSC in any way, even only its encoding (same bytes on disk), and when the unit's own filePaths list changes.",
+    trellis: "Restarts a unit when what is on disk for it changes: its unit file or drop-ins, its enablement, or the bytes of a file it lists.",
+    reason: "A restart for bytes that did not change interrupts a service for nothing; nothing outside the node sees whether a unit restarted.",
+    match: [
+      { step: "file-encoding-only", area: "restarted", key: "parity-a\\.service", gna: "restarted", trellis: "not restarted" },
+      { step: "unit-filepaths-add", area: "restarted", key: "parity-d\\.service", gna: "restarted", trellis: "not restarted" },
+    ],
+  },
+  {
+    id: "restart-on-listed-file-removal",
+    gna: "Leaves a unit running when a file it lists leaves the OSC (and is deleted).",
+    trellis: "Restarts the unit: the file it reads is gone.",
+    reason: "The unit then runs on what is on disk, as after any other change of a file it lists; nothing outside the node sees the restart.",
+    match: [{ step: "file-remove-listed", area: "restarted", key: "parity-d\\.service", gna: "not restarted", trellis: "restarted" }],
+  },
+  {
+    id: "secret-ref-follows-secret",
+    gna: "Reads a `secretRef` file's Secret only when the OSC's File entry changes: a later change of the Secret's data stays off the node.",
+    trellis: "Watches the referenced Secrets and rewrites the file when their data changes.",
+    reason: "The file is what the OSC says it is (the Secret's current data); gardenlet reads neither the file nor when it was written.",
+    // From the step on which the Secret changed, for as long as the OSC keeps the file.
+    match: [{ area: "file", key: "/etc/parity/from-secret", gna: "file 0640 .*", trellis: "file 0640 .*" }],
+  },
 ];
 
 const cell = (s: string) => s.replace(/\|/g, "\\|").replace(/\n/g, " ");

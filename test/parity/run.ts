@@ -49,7 +49,7 @@ export async function runParity(w: World, steps: Step[], progress: (msg: string)
       const since = Date.now();
       checksum = await putBoth(w, step.render?.(next, w.env) ?? render(next), step.secretAnnotations);
       const sum = checksum;
-      outcomes = await bothDecide((s) => oscOutcome(w.twins[s], sum, since, step.timeoutMs));
+      outcomes = await bothDecide((s) => oscOutcome(w.twins[s], sum, since, { ...(step.timeoutMs ? { timeoutMs: step.timeoutMs } : {}), ...(step.gnaHold ? { gnaHold: step.gnaHold } : {}) }));
       if (!step.oneOff) model = next;
     } else {
       const since = Date.now();

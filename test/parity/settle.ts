@@ -43,12 +43,16 @@ export async function settle(t: Twin, what: string, decide: () => Promise<Outcom
 }
 
 /** The outcome of an OSC `checksum` put into the agent's Secret at `sinceMs`. */
-export function oscOutcome(t: Twin, checksum: string, sinceMs: number, timeoutMs = settleTimeoutMs): Promise<Outcome> {
+/**
+ * The outcome of an OSC `checksum` put into the agent's Secret at `sinceMs`. `gnaHold`: a log line that is
+ * gardener-node-agent's decision to wait in this step (beside its in-place and static-pod holds).
+ */
+export function oscOutcome(t: Twin, checksum: string, sinceMs: number, opts: { timeoutMs?: number; gnaHold?: string } = {}): Promise<Outcome> {
   const short = checksum.slice(0, 12);
   return settle(t, `decided on OSC ${short}`, async () => {
     const node = await t.core.readNode({ name: t.name });
-    return t.side === "trellis" ? trellisDecision(node, checksum) : gnaDecision(t, node, checksum, sinceMs);
-  }, timeoutMs);
+    return t.side === "trellis" ? trellisDecision(node, checksum) : gnaDecision(t, node, checksum, sinceMs, opts.gnaHold);
+  }, opts.timeoutMs);
 }
 
 function trellisDecision(node: V1Node, checksum: string): Outcome | undefined {
@@ -61,13 +65,13 @@ function trellisDecision(node: V1Node, checksum: string): Outcome | undefined {
 
 const gnaHolds = ["Node is not ready for in-place update", "Not all static pods have been rolled out", "Static pod is not"];
 
-async function gnaDecision(t: Twin, node: V1Node, checksum: string, sinceMs: number): Promise<Outcome | undefined> {
+async function gnaDecision(t: Twin, node: V1Node, checksum: string, sinceMs: number, stepHold: string | undefined): Promise<Outcome | undefined> {
   // Its last act of an apply is the annotation (after its event).
   if (node.metadata?.annotations?.[appliedAnnotation] === checksum) return { result: "applied", evidence: `checksum/cloud-config-data=${checksum.slice(0, 12)}` };
   const lines = await agentLog(t, sinceMs);
   const errors = lines.filter((l) => l.msg === "Reconciler error" && l.fields.controller === "operatingsystemconfig").map((l) => String(l.fields.error));
   const repeated = errors.find((e, i) => errors.indexOf(e) !== i);
   if (repeated !== undefined) return { result: "error", evidence: repeated };
-  const hold = lines.find((l) => gnaHolds.some((h) => l.msg.startsWith(h)));
+  const hold = lines.find((l) => [...gnaHolds, ...(stepHold ? [stepHold] : [])].some((h) => l.msg.startsWith(h)));
   return hold ? { result: "held", evidence: hold.msg } : undefined;
 }

@@ -42,6 +42,8 @@ export type OscStep = StepBase & {
   secretAnnotations?: Record<string, string>;
   /** How long an agent may take to decide (default settle.ts's). */
   timeoutMs?: number;
+  /** The log line that is gardener-node-agent's decision to wait in this step (settle.ts). */
+  gnaHold?: string;
 };
 export type EventStep = StepBase & {
   kind: "event";
@@ -245,14 +247,16 @@ export const steps: Step[] = [
   oscStep("cri-registry-remove", "criConfig", "that registry leaves", (o, env) => {
     containerd(o).registries = [mirrorRegistry(env)];
   }),
-  oscStep("cri-plugins", "criConfig", "containerd plugins: a nested table under a new plugin", (o) => {
-    containerd(o).plugins = [{ path: ["parity.plugin", "sub"], values: { a: 1, nested: { x: 1 } } }];
+  // A plugin table containerd itself reads (an unknown plugin's table stops containerd 1.6 from starting):
+  // CRI's registry headers, a table whose keys an extension may drop.
+  oscStep("cri-plugins", "criConfig", "containerd plugins: CRI's registry headers, two of them (a nested table)", (o) => {
+    containerd(o).plugins = [{ path: ["io.containerd.grpc.v1.cri", "registry"], values: { headers: { "X-Parity": ["1"], "X-Other": ["2"] } } }];
   }),
-  oscStep("cri-plugins-replace", "criConfig", "the plugin's values lose their nested key", (o) => {
-    containerd(o).plugins = [{ path: ["parity.plugin", "sub"], values: { a: 2 } }];
+  oscStep("cri-plugins-replace", "criConfig", "the plugin's values keep one of the two headers", (o) => {
+    containerd(o).plugins = [{ path: ["io.containerd.grpc.v1.cri", "registry"], values: { headers: { "X-Parity": ["1"] } } }];
   }),
-  oscStep("cri-plugins-remove", "criConfig", "op: remove of the plugin", (o) => {
-    containerd(o).plugins = [{ path: ["parity.plugin"], op: "remove" }];
+  oscStep("cri-plugins-remove", "criConfig", "op: remove of the headers table", (o) => {
+    containerd(o).plugins = [{ path: ["io.containerd.grpc.v1.cri", "registry", "headers"], op: "remove" }];
   }),
   oscStep("cri-cgroupfs", "criConfig", "cgroupDriver cgroupfs", (o) => {
     if (o.spec.criConfig) o.spec.criConfig.cgroupDriver = "cgroupfs";
@@ -266,6 +270,24 @@ export const steps: Step[] = [
   oscStep("readiness-probe", "readiness-probe", "a registry with readinessProbe whose host answers", (o, env) => {
     containerd(o).registries?.push({ upstream: "probe.example.invalid", server: "https://probe.example.invalid", hosts: [{ url: `http://${env.mirror}`, capabilities: ["pull", "resolve"] }], readinessProbe: true });
   }),
+  oscStep(
+    "readiness-probe-unreachable",
+    "readiness-probe",
+    "a registry with readinessProbe whose host refuses connections",
+    (o) => {
+      containerd(o).registries?.push({ upstream: "down.example.invalid", server: "https://down.example.invalid", hosts: [{ url: "http://127.0.0.1:9" }], readinessProbe: true });
+    },
+    { gnaHold: "Waiting for registries with readiness probes to finish" },
+  ),
+  oscStep(
+    "readiness-probe-unreachable-removed",
+    "readiness-probe",
+    "that registry leaves (gardener-node-agent's reconcile may still wait for its probe: up to its 3 min reconcile timeout)",
+    (o, env) => {
+      containerd(o).registries = containerd(o).registries?.filter((r) => r.upstream !== "down.example.invalid") ?? [mirrorRegistry(env)];
+    },
+    { timeoutMs: 240_000 },
+  ),
   // ------------------------------------------------------------ serial and delay
   oscStep("serial", "serial", "the OSC Secret says serial (reconciliation.osc.node-agent.gardener.cloud/serial)", (o) => {
     o.metadata.annotations = { "parity.example/touch": "serial" };
