@@ -282,9 +282,10 @@ export const steps: Step[] = [
   oscStep(
     "readiness-probe-unreachable-removed",
     "readiness-probe",
-    "that registry leaves (gardener-node-agent's reconcile may still wait for its probe: up to its 3 min reconcile timeout)",
+    "that registry leaves, with a change of its own (the OSC before it was that of readiness-probe, whose checksum gardener-node-agent, still waiting for the probe, carries; its reconcile waits up to its 3 min timeout)",
     (o, env) => {
       containerd(o).registries = containerd(o).registries?.filter((r) => r.upstream !== "down.example.invalid") ?? [mirrorRegistry(env)];
+      o.metadata.annotations = { "parity.example/touch": "probe-removed" };
     },
     { timeoutMs: 240_000 },
   ),
