@@ -48,4 +48,6 @@ test/cluster/build.sh >/dev/null
 test/cluster/build.sh --prev >/dev/null
 # The OSC Gardener renders for a worker pool (test/harness/worker-osc.ts), from the peer's Gardener module.
 test/peer/osc-render.sh --path >/dev/null
+# gardener-node-agent itself, for the differential test against it (test/e2e/differential-gna.test.ts, bun run parity).
+test/peer/build.sh >/dev/null
 say "ready"
