@@ -43,6 +43,7 @@ export interface Systemd {
   disableUnits(names: string[]): Promise<UnitFileChange[]>;
   /** These queue a job (mode "replace") and resolve when it finished with result "done". */
   start(unit: string): Promise<void>;
+  /** A restart refused by systemd's start limit is tried once more after resetting the limit (reset-failed). */
   restart(unit: string): Promise<void>;
   /**
    * Queues a restart and resolves once systemd accepted the job, without waiting for it to finish:
@@ -360,7 +361,20 @@ export function createSystemd(opts: SystemdOptions = {}): Systemd {
       return changes(list);
     },
     start: (unit) => job("StartUnit", unit),
-    restart: (unit) => job("RestartUnit", unit),
+    restart: async (unit) => {
+      try {
+        await job("RestartUnit", unit);
+      } catch (err) {
+        // A unit restarted more than StartLimitBurst times within StartLimitIntervalSec (5 in 10 s by default)
+        // refuses the next start ("start-limit-hit") and stays down until the interval passed. Restarts that
+        // follow configuration changes (a few OSCs in a row) are no crash loop, and gardener-node-agent never
+        // meets the limit: the daemon-reload it runs at every reconcile resets it. Reset it, as `systemctl
+        // reset-failed` does, and restart once more (found side by side with gardener-node-agent).
+        if (!(err instanceof SystemdError && err.kind === "job") || (await unitStatus(unit)).result !== "start-limit-hit") throw err;
+        await call({ member: "ResetFailedUnit", unit, signature: "s", body: [unit] });
+        await job("RestartUnit", unit);
+      }
+    },
     queueRestart: async (unit) => {
       await call({ member: "RestartUnit", unit, signature: "ss", body: [unit, "replace"] });
     },

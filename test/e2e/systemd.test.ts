@@ -236,6 +236,21 @@ describe("src/host/systemd.ts against a node's bus, from the host", () => {
     }
   }, 30_000);
 
+  test("restarts past systemd's start limit: a restart refused with start-limit-hit is tried once more after reset-failed", async () => {
+    // Configuration changes in a row restart a unit more often than its start limit allows; gardener-node-agent's
+    // daemon-reload at every reconcile resets the limit, so it never meets it.
+    await node.writeFile("/etc/systemd/system/e2e-limited.service", "[Unit]\nStartLimitBurst=2\nStartLimitIntervalSec=600\n[Service]\nExecStart=/bin/sleep infinity\n");
+    const sd = createSystemd({ address: node.busAddress });
+    try {
+      await sd.daemonReload();
+      for (let i = 0; i < 4; i++) await sd.restart("e2e-limited.service");
+      expect(await sd.unitStatus("e2e-limited.service")).toMatchObject({ activeState: "active", result: "success" });
+      await sd.stop("e2e-limited.service");
+    } finally {
+      sd.close();
+    }
+  }, 30_000);
+
   test("one connection for the agent's life keeps no reply: the heap stays flat over 600 unit reads and 20 jobs", async () => {
     await node.writeFile("/etc/systemd/system/e2e-quick.service", "[Service]\nType=oneshot\nExecStart=/bin/true\n");
     const sd = createSystemd({ address: node.busAddress });
