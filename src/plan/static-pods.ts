@@ -15,6 +15,7 @@
 //   Running or Succeeded, and Ready.
 import * as v from "valibot";
 import type { DesiredFile } from "../api/desired.ts";
+import { formatIssues } from "../api/issues.ts";
 import type { Result } from "../api/result.ts";
 import { looseObject, record } from "../api/shapes.ts";
 import { decodeYamlBytes, parseYaml } from "../api/yaml.ts";
@@ -51,27 +52,23 @@ export function desiredStaticPods(files: readonly DesiredFile[]): Result<Map<str
   for (const f of files) {
     // Gardener's test is a prefix of the path, not a directory: /etc/kubernetes/manifests-x/… counts too.
     if (!f.path.startsWith(manifestsDir) || !(f.content instanceof Uint8Array)) continue;
-    const source = `static pod manifest ${f.origin}`;
-    const text = decodeYamlBytes(f.content, source);
-    const doc = text.ok ? parseYaml(text.value, source) : text;
-    if (!doc.ok) {
-      errors.push(...doc.errors);
-      continue;
-    }
-    const pod = v.safeParse(ManifestSchema, doc.value);
-    if (!pod.success) {
-      errors.push(`${source}: not a Pod: ${pod.issues.map((i) => `${v.getDotPath(i) ?? "(document)"}: ${i.message}`).join("; ")}`);
-      continue;
-    }
-    const { apiVersion, kind, metadata } = pod.output;
-    // Go's decoder fills in what is missing from the type it decodes into (v1 Pod), and refuses another.
-    if ((apiVersion ?? "v1") !== "v1" || (kind ?? "Pod") !== "Pod") {
-      errors.push(`${source}: not a Pod: it is ${apiVersion ?? "v1"} ${kind ?? "Pod"}`);
-      continue;
-    }
-    pods.set(metadata?.name ?? "", metadata?.annotations?.[staticPodHashAnnotation] ?? "");
+    const pod = readPod(f.content, `static pod manifest ${f.origin}`);
+    if (pod.ok) pods.set(pod.value.name, pod.value.hash);
+    else errors.push(...pod.errors);
   }
   return errors.length > 0 ? { ok: false, errors } : { ok: true, value: pods };
+}
+
+/** A manifest's Pod name and hash, read as Go's decoder reads it into a v1 Pod (it fills in a missing apiVersion and kind, and refuses another). */
+function readPod(bytes: Uint8Array, source: string): Result<{ name: string; hash: string }> {
+  const text = decodeYamlBytes(bytes, source);
+  const doc = text.ok ? parseYaml(text.value, source) : text;
+  if (!doc.ok) return doc;
+  const r = v.safeParse(ManifestSchema, doc.value);
+  if (!r.success) return { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: not a Pod: ${e}`) };
+  const { apiVersion, kind, metadata } = r.output;
+  if ((apiVersion ?? "v1") !== "v1" || (kind ?? "Pod") !== "Pod") return { ok: false, errors: [`${source}: not a Pod: it is ${apiVersion ?? "v1"} ${kind ?? "Pod"}`] };
+  return { ok: true, value: { name: metadata?.name ?? "", hash: metadata?.annotations?.[staticPodHashAnnotation] ?? "" } };
 }
 
 /** What the static pods still wait for (each named); empty: rolled out and Ready. */
