@@ -20,7 +20,7 @@ import { caCertPath, containerdDefaultConfig, probeRegistryHosts } from "../host
 import { FileError, type Files, hostPathUnder } from "../host/files.ts";
 import type { ImageStore } from "../host/registry/store.ts";
 import { describeError, type Logger } from "../log.ts";
-import { containerdConfigFile, type ContainerdDesired, containerdDesired, hostsTomlPath, needsContainerdVersion, needsDefaultConfig, upstreamProblem } from "../plan/containerd.ts";
+import { containerdConfigFile, type ContainerdDesired, containerdDesired, hostsTomlPath, needsContainerdVersion, needsDefaultConfig, renderHostsToml, upstreamProblem } from "../plan/containerd.ts";
 import { withContainerd } from "../plan/with-containerd.ts";
 
 export type SecretData = Readonly<Record<string, Uint8Array>>;
@@ -44,12 +44,15 @@ export type NodeInputs = {
 /** At most this many images are fetched at once: enough to overlap round trips, few enough for a small node. */
 const imageConcurrency = 4;
 
+/** A registry whose readiness probe has not answered (its upstream), and why not. */
+export type RegistryWait = { registry: string; why: string };
+
 /**
  * `retry`: an image could not be fetched, or containerd did not say its version: a registry or containerd
  * coming back can fix that without an OSC change.
  * `waitingFor`: registries whose mirrors did not pass their readiness probe yet (applied without them).
  */
-export type NodeDesired = { ok: true; value: Desired; waitingFor: string[] } | { ok: false; errors: string[]; retry: boolean };
+export type NodeDesired = { ok: true; value: Desired; waitingFor: RegistryWait[] } | { ok: false; errors: string[]; retry: boolean };
 
 /** How long a registry's readiness probe may take per host. */
 const probeTimeoutMs = 5_000;
@@ -68,7 +71,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source, ...(inputs.provenance ? { provenance: inputs.provenance } : {}) });
   if (!resolved.ok) return { ...resolved, retry: [...images.values()].some((i) => !i.ok) };
   let desired: Desired;
-  let waitingFor: string[] = [];
+  let waitingFor: RegistryWait[] = [];
   if (!cd) {
     const other = osc.spec.criConfig?.name;
     // Like gardener-node-agent, trellis configures only containerd; another CRI is said, not refused.
@@ -78,7 +81,7 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
     const merged = withContainerd(resolved.value, cd.value, criWhere);
     if (!merged.ok) return { ok: false, errors: merged.errors.map((e) => inSource(source, e)), retry: false };
     desired = merged.value;
-    waitingFor = cd.value.pendingRegistries;
+    waitingFor = cd.value.pendingRegistries.map((registry) => ({ registry, why: cd.notReady.get(registry) ?? "not probed" }));
   }
   const unwritable = await unwritablePaths(desired, source, inputs.files);
   return unwritable.length > 0 ? { ok: false, errors: unwritable, retry: false } : { ok: true, value: desired, waitingFor };
@@ -120,7 +123,7 @@ async function unwritablePaths(desired: Desired, source: string, files: Files): 
 /** "/a/b/c" → ["/a", "/a/b"]. */
 const ancestorsOf = (path: string) => path.split("/").slice(1, -1).map((_, i, segs) => `/${segs.slice(0, i + 1).join("/")}`);
 
-async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs): Promise<{ ok: true; value: ContainerdDesired } | { ok: false; errors: string[]; retry: boolean } | undefined> {
+async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: NodeInputs): Promise<{ ok: true; value: ContainerdDesired; notReady: Map<string, string> } | { ok: false; errors: string[]; retry: boolean } | undefined> {
   const cri = osc.spec.criConfig;
   if (!managesContainerd(cri)) return undefined;
   const ready = await readyRegistries(cri.containerd.registries ?? [], `${where}.containerd.registries`, inputs);
@@ -148,18 +151,24 @@ async function containerdFor(osc: OperatingSystemConfig, where: string, inputs: 
     },
     where,
   );
-  return cd.ok ? cd : { ...cd, retry: false };
+  return cd.ok ? { ...cd, notReady: ready.notReady } : { ...cd, retry: false };
 }
 
-// A registry is probed until its hosts.toml was written once; after that a mirror that is briefly
-// down must not take the configuration away again. `where`: the registries' field, for errors.
-async function readyRegistries(registries: RegistryConfig[], where: string, inputs: NodeInputs): Promise<{ ready: Set<string>; errors: string[] }> {
+/**
+ * A registry with a readiness probe is probed whenever its hosts.toml would change (new, or its configuration
+ * changed: gardener-node-agent probes a registry that is new or differs from the last applied OSC's,
+ * changes.go computeContainerdRegistryDiffs); its hosts.toml is written once every host answers. One already
+ * configured as the OSC has it is not probed again: a mirror that is briefly down must not take the
+ * configuration away. `where`: the registries' field, for errors.
+ */
+async function readyRegistries(registries: RegistryConfig[], where: string, inputs: NodeInputs): Promise<{ ready: Set<string>; notReady: Map<string, string>; errors: string[] }> {
   const ready = new Set<string>();
+  const notReady = new Map<string, string>();
   const errors: string[] = [];
   for (const [i, r] of registries.entries()) {
     // A bad upstream has no hosts.toml path to look at; containerdDesired refuses it, naming the field.
     if (r.readinessProbe !== true || upstreamProblem(r.upstream)) continue;
-    if (await inputs.files.stat(hostsTomlPath(r.upstream))) {
+    if (await configuredAlready(r, inputs.files)) {
       ready.add(r.upstream);
       continue;
     }
@@ -170,9 +179,19 @@ async function readyRegistries(registries: RegistryConfig[], where: string, inpu
     }
     const probe = ca.missing ? { ready: false as const, error: `its CA file ${ca.missing} does not exist (yet)` } : await probeRegistryHosts(r, probeTimeoutMs, ca.pem);
     if (probe.ready) ready.add(r.upstream);
-    else inputs.log.info("registry mirror not ready yet; its hosts.toml waits", { registry: r.upstream, error: probe.error });
+    else {
+      notReady.set(r.upstream, probe.error);
+      inputs.log.debug("registry mirror not ready yet; its hosts.toml waits", { registry: r.upstream, error: probe.error });
+    }
   }
-  return { ready, errors };
+  return { ready, notReady, errors };
+}
+
+/** The registry's hosts.toml on the node is the one the OSC asks for (anything unreadable there is not). */
+async function configuredAlready(r: RegistryConfig, files: Files): Promise<boolean> {
+  const want = renderHostsToml(r);
+  const have = await files.read(hostsTomlPath(r.upstream), { maxBytes: new TextEncoder().encode(want).byteLength }).catch(() => undefined);
+  return have !== undefined && new TextDecoder().decode(have) === want;
 }
 
 /**

@@ -2,7 +2,7 @@
 // machine-controller-manager's drain leaves DaemonSet pods, pods with local storage and static pods' mirror
 // pods on the node, and they would keep running with what the update replaced (a CA, a token, kubelet's
 // configuration); deleted, their owners (or kubelet, for a mirror pod) create them anew on the updated node.
-import { CoreV1Api } from "@kubernetes/client-node";
+import { CoreV1Api, type V1Pod } from "@kubernetes/client-node";
 import { apiClient, type Kube } from "./client.ts";
 import { explainKubeError } from "./errors.ts";
 
@@ -40,4 +40,17 @@ export async function deletePodsOnNode(kube: Kube, nodeName: string): Promise<Po
   const failed = outcomes.filter((o): o is string => o !== undefined);
   if (failed.length > 0) throw new Error(failed.join("; "));
   return pods;
+}
+
+/**
+ * The Pods bound to Node `nodeName` that carry the label `labelSelector` (the static pods' mirror pods, for the
+ * OSC controller's wait before it reports an OSC with static pods: src/controllers/osc/before-report.ts).
+ */
+export async function labelledPodsOnNode(kube: Kube, nodeName: string, labelSelector: string): Promise<V1Pod[]> {
+  const what = `listing the Pods of Node ${nodeName} labelled ${labelSelector}`;
+  try {
+    return (await apiClient(kube, CoreV1Api).listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${nodeName}`, labelSelector })).items;
+  } catch (err) {
+    throw explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
+  }
 }

@@ -40,7 +40,7 @@ const maxAttempts = 5;
 export function createSerialGate(opts: {
   kube: Kube;
   secret: { name: string; namespace: string; uid: string };
-  /** The node name: the Lease's holderIdentity. */
+  /** The Lease's holderIdentity: the host's name, as gardener-node-agent's (src/controllers/osc/serial.ts). */
   identity: string;
   log: Logger;
   durationSeconds?: number;
@@ -54,7 +54,7 @@ export function createSerialGate(opts: {
   const now = opts.now ?? (() => new Date());
   const ref = `${secret.namespace}/${secret.name}`;
   // An empty holderIdentity is how a free lease looks.
-  if (identity === "") throw new Error(`serial lease ${ref}: the identity (node name) must not be empty`);
+  if (identity === "") throw new Error(`serial lease ${ref}: the identity (the host's name) must not be empty`);
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`serial lease ${ref}: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const log = opts.log.with({ lease: ref, identity });
   const coordination = apiClient(kube, CoordinationV1Api);

@@ -55,22 +55,26 @@ const byName = (name: string) => workers.find((w) => w.bare.name === name) as Wo
 const hasEvent = async (w: Worker, reason: string, text: string) => (await nodeEvents(w.bare)).find((e) => e.reason === reason && e.message?.includes(text));
 const short = (checksum: string) => checksum.slice(0, 12);
 
-/** A static pod kubelet would run (Gardener's staticPodPath): the kind of file a running process reads without a restart. */
-const manifestPath = "/etc/kubernetes/manifests/e2e-static.yaml";
+/**
+ * A registry's hosts.toml no pull uses: the kind of file a running process (containerd) reads without a
+ * restart. Not a static pod manifest: an OSC with one is reported applied only once its mirror pod runs, as
+ * gardener-node-agent reports it (agent-gates.test.ts), and these workers' kubelets have no staticPodPath.
+ */
+const liveFilePath = "/etc/containerd/certs.d/e2e-live.invalid/hosts.toml";
 /** Breaks kubelet's start: its restart fails (systemd's job ends "failed"), so an apply that restarts it never completes. */
 const brokenDropIn = { name: "50-e2e-broken.conf", content: "[Service]\nExecStartPre=/bin/false\n" };
 
-type Change = Partial<Pick<WorkerOscInput, "maxPods" | "extraFile">> & { manifest?: boolean; brokenKubelet?: boolean };
+type Change = Partial<Pick<WorkerOscInput, "maxPods" | "extraFile">> & { liveFile?: boolean; brokenKubelet?: boolean };
 
 /** The pool's OSC as Gardener renders it, with `c`'s changes (an OS extension would add such files and drop-ins). */
 async function rendered(c: Change): Promise<string> {
   const { maxPods, extraFile } = c;
   const osc = (await workerOsc({ ...first().input, ...(maxPods ? { maxPods } : {}), ...(extraFile ? { extraFile } : {}) })).osc;
-  if (!c.manifest && !c.brokenKubelet) return osc;
+  if (!c.liveFile && !c.brokenKubelet) return osc;
   const doc = parse(osc);
-  if (c.manifest) {
-    const pod = { apiVersion: "v1", kind: "Pod", metadata: { name: "e2e-static", namespace: "kube-system" }, spec: { hostNetwork: true, containers: [{ name: "pause", image: world.images.pause }] } };
-    doc.spec.files.push({ path: manifestPath, permissions: 0o644, content: { inline: { data: stringify(pod) } } });
+  if (c.liveFile) {
+    const hosts = `server = "https://e2e-live.invalid"\n\n[host."https://mirror.e2e-live.invalid"]\n  capabilities = ["pull", "resolve"]\n`;
+    doc.spec.files.push({ path: liveFilePath, permissions: 0o644, content: { inline: { data: hosts } } });
   }
   if (c.brokenKubelet) {
     const kubelet = doc.spec.units.find((u: { name: string }) => u.name === "kubelet.service");
@@ -183,11 +187,11 @@ async function rolledBackAlone(failed: Worker, bad: string, good: string, since:
 describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, rollback)", () => {
   // Item 9: "non-disruptive" was too narrow: a file a running process reads without a unit restart (a static
   // pod manifest, hosts.toml, the CNI config) reached every node at once, outside windows and ungated.
-  test("item 9: a change that only writes a static pod manifest passes through the nodes one at a time, each gated", async () => {
+  test("item 9: a change that only writes a file containerd reads live (a hosts.toml) passes through the nodes one at a time, each gated", async () => {
     const settle = 5_000;
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const checksum = await put(await rendered({ manifest: true }), settings("5s", "60s"));
+    const checksum = await put(await rendered({ liveFile: true }), settings("5s", "60s"));
     for (const w of workers) await waitApplied(w.bare, checksum, 180_000, 250);
     await gatesPassed(checksum, 60_000);
 
@@ -200,12 +204,12 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     for (const [i, w] of workers.entries()) {
       const { from, to } = periods.find((p) => p.node === w.bare.name) as HoldPeriod;
       // Written while this node held the slot (mtime has whole seconds), and the slot kept for the settle time after.
-      const written = Number(await w.bare.node.execOk(["stat", "-c", "%Y", manifestPath])) * 1000;
+      const written = Number(await w.bare.node.execOk(["stat", "-c", "%Y", liveFilePath])) * 1000;
       expect(written).toBeGreaterThanOrEqual(Math.floor(from / 1000) * 1000 - 1000);
       expect(written).toBeLessThanOrEqual(to);
       expect(to - written).toBeGreaterThanOrEqual(settle - 1000);
       const passed = await hasEvent(w, "RolloutHealthGatePassed", short(checksum));
-      expect(passed?.message).toContain(manifestPath);
+      expect(passed?.message).toContain(liveFilePath);
       // The file alone was the disruption: kubelet was not restarted.
       expect(await kubeletStart(w)).toBe(starts[i] as number);
     }
@@ -219,13 +223,13 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     const policy = settings("15s", "60s");
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const a = await put(await rendered({ manifest: true, maxPods: 61 }), policy);
+    const a = await put(await rendered({ liveFile: true, maxPods: 61 }), policy);
     const holder = byName((await firstHolder(since)).node);
     await waitApplied(holder.bare, a, 120_000, 50);
     // In its settle time now (applied, the gate needs 15 s of health): the next change is only a file no unit lists.
     expect(record().latest().holders.map((h) => h.node)).toEqual([holder.bare.name]);
     const pushedAt = Date.now();
-    const b = await put(await rendered({ manifest: true, maxPods: 61, extraFile: "pushed during the settle time (item 3)\n" }), policy);
+    const b = await put(await rendered({ liveFile: true, maxPods: 61, extraFile: "pushed during the settle time (item 3)\n" }), policy);
     for (const w of workers) await waitApplied(w.bare, b, 240_000, 250);
     await gatesPassed(b, 120_000);
 
@@ -257,7 +261,7 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     for (const w of workers) expect(await applied(w)).toBe(good);
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const bad = await put(await rendered({ manifest: true, maxPods: 61, extraFile: "pushed during the settle time (item 2)\n", brokenKubelet: true }), settings("5s", "20s"));
+    const bad = await put(await rendered({ liveFile: true, maxPods: 61, extraFile: "pushed during the settle time (item 2)\n", brokenKubelet: true }), settings("5s", "20s"));
     const failed = byName((await firstHolder(since)).node);
     const others = workers.filter((w) => w !== failed);
 
@@ -300,7 +304,7 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
   test("item 1: a holder frozen during its settle time (kubelet and agent SIGSTOPped) keeps the slot, after its Node is Unknown and long after its Leases expired; resumed, it finishes and the pool goes on", async () => {
     const policy = settings("20s", "10m");
     const since = Date.now();
-    const change = await put(await rendered({ manifest: true, maxPods: 62, extraFile: "pushed during the settle time (item 1)\n" }), policy);
+    const change = await put(await rendered({ liveFile: true, maxPods: 62, extraFile: "pushed during the settle time (item 1)\n" }), policy);
     const holder = byName((await firstHolder(since)).node);
     const others = workers.filter((w) => w !== holder);
     await waitApplied(holder.bare, change, 120_000, 50);
@@ -360,7 +364,7 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     expect(Number.isInteger(goodMaxPods) && goodMaxPods !== 63).toBe(true);
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const bad = await put(await rendered({ manifest: true, maxPods: 63, extraFile: "pushed during the settle time (item 5a)\n" }), settings("10s", "40s"));
+    const bad = await put(await rendered({ liveFile: true, maxPods: 63, extraFile: "pushed during the settle time (item 5a)\n" }), settings("10s", "40s"));
     const hold = await firstHolder(since);
     const holder = byName(hold.node);
     const apiPorts = [...new Set(workers.map((w) => Number(new URL(w.bare.server).port)))];
@@ -422,7 +426,7 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     await resumeRollout();
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const bad = await put(await rendered({ manifest: true, maxPods: 64, extraFile: "pushed during the settle time (item 5b)\n", brokenKubelet: true }), settings("5s", "30s"));
+    const bad = await put(await rendered({ liveFile: true, maxPods: 64, extraFile: "pushed during the settle time (item 5b)\n", brokenKubelet: true }), settings("5s", "30s"));
     const hold = await firstHolder(since);
     const holder = byName(hold.node);
     // A third of the way into its gate, the bad change under way (the broken drop-in written, kubelet's restart
@@ -456,7 +460,7 @@ describe("fleet rollouts under faults on three real kubelets (max-disrupted 1, r
     await resumeRollout();
     const since = Date.now();
     const starts = await Promise.all(workers.map(kubeletStart));
-    const bad = await put(await rendered({ manifest: true, maxPods: 65, extraFile: "pushed during the settle time (item 5c)\n", brokenKubelet: true }), settings("5s", "30s"));
+    const bad = await put(await rendered({ liveFile: true, maxPods: 65, extraFile: "pushed during the settle time (item 5c)\n", brokenKubelet: true }), settings("5s", "30s"));
     const hold = await firstHolder(since);
     const holder = byName(hold.node);
     const others = workers.filter((w) => w !== holder);

@@ -2,25 +2,43 @@
 // delay is measured by across restarts and reboots (src/host/boot-clock.ts).
 import { describe, expect, test } from "bun:test";
 import { delayLeft, firstHold, gatesFor, giveUpSerialLease, holdAfterFailure, parseDelay, serialCoolOffLeft } from "../../src/controllers/osc/gates.ts";
+import { serialIdentity } from "../../src/controllers/osc/serial.ts";
 import { elapsedBetween } from "../../src/host/boot-clock.ts";
 
 describe("gatesFor: which gates an OSC passes on this node", () => {
-  const base = { checksum: "new", serial: true };
+  const base = { checksum: "new", serial: false };
   test.each([
-    ["trellis's state records another OSC: an update", { stateApplied: "old", nodeApplied: "old" }, { kind: "update", delay: true, serial: true, admit: true }],
-    ["state lost, the Node shows another OSC applied: still an update", { stateApplied: undefined, nodeApplied: "old" }, { kind: "update", delay: true, serial: true, admit: true }],
-    ["taken over from gardener-node-agent (its checksum on the Node, no trellis state)", { stateApplied: undefined, nodeApplied: "gna" }, { kind: "update", delay: true, serial: true, admit: true }],
-    ["a fresh node: the serial lease only", { stateApplied: undefined, nodeApplied: undefined }, { kind: "fresh", delay: false, serial: true, admit: false }],
-    ["this OSC is applied: no delay or serial lease; drift repair passes the admission", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: false, admit: true }],
-    ["state lost, the Node shows this OSC applied: no delay or serial lease", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: true }],
-    ["the state decides over the Node (it may not be patched yet)", { stateApplied: "old", nodeApplied: "new" }, { kind: "update", delay: true, serial: true, admit: true }],
+    ["trellis's state records another OSC: an update", { stateApplied: "old", nodeApplied: "old" }, { kind: "update", delay: true, serial: false, admit: true }],
+    ["state lost, the Node shows another OSC applied: still an update", { stateApplied: undefined, nodeApplied: "old" }, { kind: "update", delay: true, serial: false, admit: true }],
+    ["taken over from gardener-node-agent (its checksum on the Node, no trellis state)", { stateApplied: undefined, nodeApplied: "gna" }, { kind: "update", delay: true, serial: false, admit: true }],
+    ["a fresh node: no delay, no admission", { stateApplied: undefined, nodeApplied: undefined }, { kind: "fresh", delay: false, serial: false, admit: false }],
+    ["this OSC is applied: no delay; drift repair passes the admission", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: false, admit: true }],
+    ["state lost, the Node shows this OSC applied: no delay", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: true }],
+    ["the state decides over the Node (it may not be patched yet)", { stateApplied: "old", nodeApplied: "new" }, { kind: "update", delay: true, serial: false, admit: true }],
   ] as const)("%s", (_, applied, gates) => {
     expect(gatesFor({ ...base, ...applied })).toEqual(gates);
   });
-  test("no serial lease without the Secret's serial annotation", () => {
-    expect(gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: false }).serial).toBe(false);
-    expect(gatesFor({ checksum: "new", stateApplied: undefined, nodeApplied: undefined, serial: false }).serial).toBe(false);
+
+  // gardener-node-agent (add.go, EnqueueWithJitterDelay): a serial Secret's update is queued at once, never
+  // after the delay; its serial lease is taken while the Node does not carry the OSC's checksum, and kept
+  // until the checksum is patched (reconciler.go releases it only then).
+  test.each([
+    ["an update: the serial lease and no reconciliation delay", { stateApplied: "old", nodeApplied: "old" }, { kind: "update", delay: false, serial: true, admit: true }],
+    ["taken over from gardener-node-agent: the serial lease, no delay", { stateApplied: undefined, nodeApplied: "gna" }, { kind: "update", delay: false, serial: true, admit: true }],
+    ["a fresh node takes its turn on the serial lease", { stateApplied: undefined, nodeApplied: undefined }, { kind: "fresh", delay: false, serial: true, admit: false }],
+    ["applied, but the Node does not show it yet (its report waits): the lease stays with the node", { stateApplied: "new", nodeApplied: "old" }, { kind: "current", delay: false, serial: true, admit: true }],
+    ["applied, kubelet has not registered the Node yet: the lease stays with the node", { stateApplied: "new", nodeApplied: undefined }, { kind: "current", delay: false, serial: true, admit: true }],
+    ["applied and reported: no serial lease", { stateApplied: "new", nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: true }],
+    ["state lost, the Node shows this OSC applied: no serial lease", { stateApplied: undefined, nodeApplied: "new" }, { kind: "current", delay: false, serial: false, admit: true }],
+  ] as const)("a serial Secret: %s", (_, applied, gates) => {
+    expect(gatesFor({ checksum: "new", serial: true, ...applied })).toEqual(gates);
   });
+});
+
+test("the serial lease's holder is the host's name, lower-cased, as gardener-node-agent's (nodeagent.GetHostName)", () => {
+  // Not the Node's name: a lease gardener-node-agent holds on this machine is then this node's own.
+  expect(serialIdentity("Worker-Pool-A-7f9c.Example")).toBe("worker-pool-a-7f9c.example");
+  expect(serialIdentity("node-a")).toBe("node-a");
 });
 
 describe("the reconciliation delay", () => {
@@ -74,13 +92,15 @@ describe("the serial lease's hold limit", () => {
 });
 
 describe("firstHold: what an OSC waits for before asking the cluster for anything", () => {
-  const update = gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: true });
+  const update = gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: false });
+  const serialUpdate = gatesFor({ checksum: "new", stateApplied: "old", nodeApplied: undefined, serial: true });
   const fresh = gatesFor({ checksum: "new", stateApplied: undefined, nodeApplied: undefined, serial: true });
-  const current = gatesFor({ checksum: "new", stateApplied: "new", nodeApplied: undefined, serial: true });
-  test("the delay first, then the cool-off after giving the serial lease up", () => {
+  const current = gatesFor({ checksum: "new", stateApplied: "new", nodeApplied: "new", serial: true });
+  test("an update waits out the delay; a serial one does not, it cools off after giving the serial lease up", () => {
     expect(firstHold(update, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 5000, why: "reconciliation delay over" });
-    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000, why: "serial lease cool-off over" });
-    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 0 })).toBeUndefined();
+    expect(firstHold(update, { delayLeftMs: 0, coolOffLeftMs: 9000 })).toBeUndefined();
+    expect(firstHold(serialUpdate, { delayLeftMs: 5000, coolOffLeftMs: 9000 })).toMatchObject({ ms: 9000, why: "serial lease cool-off over" });
+    expect(firstHold(serialUpdate, { delayLeftMs: 5000, coolOffLeftMs: 0 })).toBeUndefined();
   });
   test("a fresh node is not delayed but cools off; the OSC already applied waits for nothing", () => {
     expect(firstHold(fresh, { delayLeftMs: 5000, coolOffLeftMs: 0 })).toBeUndefined();

@@ -71,7 +71,31 @@ describe("a registry's CA files for its readiness probe", () => {
     for (const caCerts of [["ca.crt"], ["../../../pki/ok.pem"], ["/etc/pki/ok.pem"], ["/etc/pki/missing.pem"]]) {
       const r = await resolve(root, caCerts);
       // The probe itself fails (nothing listens on 127.0.0.1:1): applied without the registry, which waits.
-      expect({ caCerts, ok: r.ok, waitingFor: r.ok ? r.waitingFor : r.errors }).toEqual({ caCerts, ok: true, waitingFor: ["quay.io"] });
+      const why = caCerts[0] === "/etc/pki/missing.pem" ? "its CA file /etc/pki/missing.pem does not exist (yet)" : expect.stringContaining("http://127.0.0.1:1/v2/: ");
+      expect({ caCerts, ok: r.ok, waitingFor: r.ok ? r.waitingFor : r.errors }).toEqual({ caCerts, ok: true, waitingFor: [{ registry: "quay.io", why }] });
     }
+  });
+});
+
+// gardener-node-agent probes a registry that is new or whose configuration changed (changes.go,
+// computeContainerdRegistryDiffs) and writes its hosts.toml only once it answers; one configured already is
+// not probed again.
+describe("which registries are probed", () => {
+  const hostsToml = "/etc/containerd/certs.d/quay.io/hosts.toml";
+  const configured = (ca: string) => `# managed by gardener-node-agent\n[host."http://127.0.0.1:1"]\n  capabilities = ["pull","resolve"]\n  ca = ["${ca}"]\n\n`;
+  const written = (r: Awaited<ReturnType<typeof resolve>>) => (r.ok ? r.value.files.some((f) => f.path === hostsToml) : undefined);
+
+  test("hosts.toml as the OSC has it: not probed, written as it is, nothing waits", async () => {
+    const root = node();
+    writeFileSync(`${root}${hostsToml}`, configured("/etc/pki/ok.pem"));
+    const r = await resolve(root, ["/etc/pki/ok.pem"]);
+    expect({ ok: r.ok, waitingFor: r.ok && r.waitingFor, written: written(r) }).toEqual({ ok: true, waitingFor: [], written: true });
+  });
+
+  test("hosts.toml of another configuration (the OSC changed the registry): probed again; until it answers the old file stays", async () => {
+    const root = node();
+    writeFileSync(`${root}${hostsToml}`, configured("/etc/pki/old.pem"));
+    const r = await resolve(root, ["/etc/pki/ok.pem"]);
+    expect({ ok: r.ok, waitingFor: r.ok && r.waitingFor.map((w) => w.registry), written: written(r), kept: r.ok && r.value.keep }).toEqual({ ok: true, waitingFor: ["quay.io"], written: false, kept: [hostsToml] });
   });
 });

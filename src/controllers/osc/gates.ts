@@ -2,18 +2,22 @@
 // this node (the reconciliation delay, the serial lease, trellis's own rollout admission), and when a
 // node whose apply keeps failing gives the serial lease up. src/controllers/osc/ does the I/O.
 //
-// What gardener-node-agent does (pkg/nodeagent/controller/operatingsystemconfig, read at the snapshot's
-// HEAD, v1.149.3+, the nearest to the pinned v1.150.0): the delay applies only to a Secret update seen by
-// a running agent (a Secret seen at the agent's start, or at a fresh node's first start, is reconciled at
-// once), and the serial lease is taken by every node whose Node does not carry the OSC's checksum as
-// applied, fresh nodes included. trellis decides from what is known as applied, so that a node that lost
-// its state, or is taken over from gardener-node-agent, is still treated as the update it is:
+// What gardener-node-agent does (pkg/nodeagent/controller/operatingsystemconfig, v1.150.0): the delay
+// applies only to a Secret update seen by a running agent (a Secret seen at the agent's start, or at a
+// fresh node's first start, is reconciled at once), and never to a serial Secret (add.go,
+// EnqueueWithJitterDelay: a serial Secret's update is queued at once); the serial lease is taken by every
+// node whose Node does not carry the OSC's checksum as applied, fresh nodes included, and kept until the
+// Node does (reconciler.go: the lease is released only after the checksum is patched). trellis decides
+// from what is known as applied, so that a node that lost its state, or is taken over from
+// gardener-node-agent, is still treated as the update it is:
 //   - "update": something else is applied (trellis's state, else the Node's checksum annotation, which
-//     gardener-node-agent writes too): delay, serial lease, admission.
+//     gardener-node-agent writes too): the delay (unless serial), the serial lease, admission.
 //   - "fresh": nothing is known to be applied: the serial lease (as gardener-node-agent), no delay and no
 //     admission: there is nothing running to disrupt, and holding a new node back only delays capacity.
-//   - "current": this OSC is what is applied: it is re-ensured at once, without the delay or the serial lease;
-//     what re-ensuring it disrupts (drift repair restarting kubelet) passes trellis's admission like any change.
+//   - "current": this OSC is what is applied: it is re-ensured at once, without the delay; the serial lease
+//     only while the Node does not show it yet (its report waits for a registry's readiness probe, the
+//     static pods, or kubelet registering the Node); what re-ensuring it disrupts (drift repair restarting
+//     kubelet) passes trellis's admission like any change.
 import { parseGoDuration } from "../../api/duration.ts";
 import type { SerialHoldState } from "../../api/serial-hold.ts";
 import { type BootClockReading, elapsedBetween } from "../../host/boot-clock.ts";
@@ -28,12 +32,13 @@ export function gatesFor(o: {
   stateApplied: string | undefined;
   /** The checksum the Node carries as applied (the effective one where overlays apply, else the base). */
   nodeApplied: string | undefined;
-  /** The Secret asks for a serial rollout, and there is an identity to hold the lease with. */
+  /** The Secret asks for a serial rollout (reconciliation.osc.node-agent.gardener.cloud/serial). */
   serial: boolean;
 }): Gates {
   const applied = o.stateApplied ?? o.nodeApplied;
   const kind: NodeKind = applied === undefined ? "fresh" : applied === o.checksum ? "current" : "update";
-  return { kind, delay: kind === "update", serial: o.serial && kind !== "current", admit: kind !== "fresh" };
+  const reported = o.nodeApplied === o.checksum;
+  return { kind, delay: kind === "update" && !o.serial, serial: o.serial && !(kind === "current" && reported), admit: kind !== "fresh" };
 }
 
 export type DelaySetting = { ms: number } | { ms: 0; unparsable: string };

@@ -16,7 +16,7 @@ import type { Result } from "../../api/result.ts";
 import { parseRolloutSettings, type RolloutSettings } from "../../api/rollout.ts";
 import type { AgentState, Owned } from "../../api/state.ts";
 import { applyDesired } from "../../apply/apply.ts";
-import { desiredForNode } from "../../apply/desired-for-node.ts";
+import { desiredForNode, type RegistryWait } from "../../apply/desired-for-node.ts";
 import { planForNode } from "../../apply/observe.ts";
 import { checkSelfUpdate } from "../../apply/self-update.ts";
 import { isSerialRollout, type SerialGate } from "../../kube/serial-gate.ts";
@@ -26,16 +26,15 @@ import { carriesOf } from "../../plan/disruption.ts";
 import { hasInPlaceChanges, removingCpuManagerState } from "../../plan/in-place.ts";
 import { endsInPlace } from "../in-place.ts";
 import { describeStep } from "../../plan/render.ts";
+import { awaitRegistries, awaitStaticPods } from "./before-report.ts";
 import { noted, type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
 import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
 import { firstHold, type Gates, gatesFor, giveUpSerialLease, holdAfterFailure, serialCoolOffLeft } from "./gates.ts";
 import { finishInPlace, holdInPlace, inPlaceInterrupted } from "./in-place.ts";
 import { invalid, labelRoleAndZone, reportFailure, reportSuccess } from "./report.ts";
 import { admit, rollBackPending, toWeigh } from "./rollout.ts";
-import { giveUpLease, saveSerial, serialGate, serialState } from "./serial.ts";
+import { giveUpLease, saveSerial, serialGate, serialIdentity, serialState } from "./serial.ts";
 
-/** A registry mirror waiting for its readiness probe is probed again this often. */
-const registryProbeRetryMs = 10_000;
 /** Unit jobs can take minutes: the serial lease (600 s) is renewed this often while an apply runs under it. */
 const serialRenewMs = 60_000;
 
@@ -49,7 +48,7 @@ type Resolved = {
   applied: Uint8Array;
   desired: Desired;
   /** Registries applied without, as their readiness probe has not answered yet. */
-  waitingFor: string[];
+  waitingFor: RegistryWait[];
   state: AgentState;
   inPlaceWork: InPlaceChanges;
   settings: RolloutSettings;
@@ -167,7 +166,7 @@ async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait:
   // record included (the bad-input corpus hashes the state directory too).
   await noteFirstSeen(ctx, checksum);
   const current = deps.node.current();
-  const identity = current?.metadata?.name ?? deps.hostName;
+  const identity = serialIdentity(deps.hostName);
   const serial = isSerialRollout(r.secret);
   const gates = gatesFor({ checksum, stateApplied: r.state.lastApplied?.checksum, nodeApplied: nodeAppliedChecksum(current), serial });
   const hold = firstHold(gates, {
@@ -190,9 +189,9 @@ async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait:
     admitted = admission.admitted;
   }
   if (inPlaceUpdate) await ctx.inPlace.begin(checksum, r.inPlaceWork);
-  if (gates.kind === "current" && !ctx.state.leftoverLeaseChecked && serial) {
-    // A crash between a successful apply and the release would hold up the rollout until the
-    // lease expires: give back a lease this node still holds.
+  if (serial && !gates.serial && !ctx.state.leftoverLeaseChecked) {
+    // A crash between the report of a successful apply and the release would hold up the rollout until
+    // the lease expires: give back a lease this node still holds.
     ctx.state.leftoverLeaseChecked = true;
     await serialGate(ctx, identity).release();
   }
@@ -248,6 +247,10 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     if (gate && hold && giveUpSerialLease(hold, ctx.bootClock(), r.settings.serialHoldLimitMs)) return giveUpLease(ctx, gate, p.identity, hold, r.settings.serialHoldLimitMs);
     return retryWait(ctx, "a failed apply"); // the serial lease stays ours: the rollout stops here
   }
+  // The report waits (before-report.ts) as gardener-node-agent's does: for the probed registries before
+  // the in-place update is finished, for the static pods after it. The serial lease stays ours meanwhile.
+  const registries = await awaitRegistries(ctx, checksum, r.waitingFor);
+  if (registries) return registries;
   if (endsInPlace(r.layered.osc, nodeAppliedChecksum(deps.node.current()), checksum)) {
     // As gardener-node-agent: with the agent's own restart under way (its configuration changed with a
     // kubelet minor version, say), the rest of the in-place update is left to its next start.
@@ -255,6 +258,8 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
     const wait = await finishInPlace(ctx, checksum, r.inPlaceWork, r.layered.osc.status?.inPlaceUpdates?.osUpdate);
     if (wait) return wait;
   }
+  const staticPods = await awaitStaticPods(ctx, checksum, r.desired);
+  if (staticPods) return staticPods;
   // The gate starts now; it runs in the rollout controller, which says when a rollback is to be applied.
   if (p.admitted) await deps.rollout.applied({ complete: true, checksum });
   else await deps.rollout.baseline({ checksum, base });
@@ -264,16 +269,16 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
   result(ctx, "applied");
   for (const step of outcome.executed) if (step.kind === "restart") ctx.metrics.restarts.inc({ unit: step.unit });
   ctx.state.appliedChecksum = checksum;
-  // Released after reporting, so the next node starts once this one shows the OSC as applied.
   // The Node as it is now: it may have registered (or its watch synced) while the apply ran.
-  await reportSuccess(ctx, deps.node.current(), { base, checksum }, r.desired, outcome).finally(() => gate?.release());
+  const node = deps.node.current();
+  await reportSuccess(ctx, node, { base, checksum }, r.desired, outcome);
+  // Released once the Node shows the OSC as applied, as gardener-node-agent releases it: the next node
+  // starts then. A node kubelet has not registered yet keeps it until it reports (the Node's arrival wakes
+  // this controller), as one whose report failed does until its retry.
+  if (node) await gate?.release();
   // Housekeeping after the report: the Node says the OSC is applied as soon as it is.
   await ctx.parser.keep(base);
   await pruneImages(ctx, r.desired);
-  if (r.waitingFor.length > 0) {
-    log.info("applied without the registries still waiting for their readiness probe", { registries: r.waitingFor });
-    return { atMs: ctx.now() + registryProbeRetryMs, why: "registry readiness probe" };
-  }
   return periodic(ctx);
 }
 

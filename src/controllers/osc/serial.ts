@@ -31,6 +31,15 @@ export async function saveSerial(ctx: OscContext, next: SerialHoldState): Promis
   await store(ctx).write(next);
 }
 
+/**
+ * Who holds the serial lease: the host's name, lower-cased, as gardener-node-agent holds it (it passes
+ * nodeagent.GetHostName() as the leader elector's identity), so that on a node taken over from it during a
+ * rollout the lease it holds is this node's own, not another holder's to wait out for 600 s. Not the Node's
+ * name: the Node may not exist yet when a fresh node takes its turn, and the identity must not change when
+ * kubelet registers it.
+ */
+export const serialIdentity = (hostName: string): string => hostName.toLowerCase();
+
 export function serialGate(ctx: OscContext, identity: string): SerialGate {
   return createSerialGate({
     kube: ctx.deps.kube,
