@@ -10,8 +10,10 @@ export type DeliberateRow = {
   trellis: string;
   /** Why it is safer, and why gardenlet and machine-controller-manager cannot tell. */
   reason: string;
-  /** The differences this row accounts for (any one of them). */
+  /** The differences this row accounts for in the differential run (any one of them); none when the run cannot see it. */
   match: Matcher[];
+  /** The test that asserts the difference where the differential run does not see it (the path of the test file and the test's name). */
+  assertedBy?: string;
 };
 
 export const deliberate: DeliberateRow[] = [
@@ -76,6 +78,166 @@ export const deliberate: DeliberateRow[] = [
     // From the step on which the Secret changed, for as long as the OSC keeps the file.
     match: [{ area: "file", key: "/etc/parity/from-secret", gna: "file 0640 .*", trellis: "file 0640 .*" }],
   },
+  {
+    id: "in-place-no-restart",
+    gna: "After a CA rotation gets a new kubeconfig and restarts itself (reconciler.go ~945–1048).",
+    trellis: "Renews its client certificate and switches its client to it in place; no restart.",
+    reason: "The same CSR, Lease, checksum and update-result; no Lease gap and no relist of every watch. The old CA stays trusted until the rotation completes.",
+    match: [],
+    assertedBy: "test/e2e/in-place.test.ts: the CA rotation test (agent PID unchanged, the audit log shows the new certificate's credential-id)",
+  },
+  {
+    id: "bootstrap-cleanup-after-report",
+    gna: "Deletes kubelet's bootstrap kubeconfig and the bootstrap token at each changed-OSC reconcile once the Node exists, before the checksum patch.",
+    trellis: "Looks after every reconcile (no-op ones too), between reconciles, once an OSC is applied, the Node exists and kubelet has its own credentials: after the checksum report.",
+    reason: "A kubelet without its certificate yet keeps its bootstrap credential; gardenlet and machine-controller-manager read neither file.",
+    match: [],
+    assertedBy: "test/unit/bootstrap-credentials.test.ts; test/e2e/agent.test.ts \"stay until…\"",
+  },
+  {
+    id: "sa-rotation-awaits-resync",
+    gna: "Sends its token controller an event and completes the update at once.",
+    trellis: "Awaits the token resync (Secrets read again, files written), warns about problems, never fails the update for them.",
+    reason: "Token files are fresh before Pods are deleted and `successful` is set; machine-controller-manager sees the same result.",
+    match: [],
+    assertedBy: "test/unit/in-place-updater.test.ts: the SA-key rotation test",
+  },
+  {
+    id: "in-place-carry",
+    gna: "Diffs a new OSC against the last completed one (last-applied is written after the in-place work).",
+    trellis: "Diffs against the last applied OSC plus the parts an unfinished update left undone; the OS part from the node's version.",
+    reason: "The same parts in practice; where they differ (a setting changed and changed back mid-update) trellis does one more health check, never less work.",
+    match: [],
+    assertedBy: "test/unit/in-place.test.ts: carryOver",
+  },
+  {
+    id: "in-place-fresh-node",
+    gna: "Decides on its cached Node whether machine-controller-manager waits for a result.",
+    trellis: "Confirms the wait on a fresh GET of the Node before deleting Pods.",
+    reason: "A watch copy behind the agent's own report would otherwise delete Pods that just restarted; the same outcome otherwise.",
+    match: [],
+    assertedBy: "test/unit/in-place-updater.test.ts: the lagging watch copy",
+  },
+  {
+    id: "cpu-manager-state-after-writes",
+    gna: "Removes `cpu_manager_state` right after kubelet's unit is written, inside its units loop.",
+    trellis: "Removes it after all of the plan's writes, before any unit is stopped or restarted.",
+    reason: "The same window before kubelet restarts under the new policy.",
+    match: [],
+    assertedBy: "test/unit/in-place.test.ts: removingCpuManagerState",
+  },
+  {
+    id: "internal-ip-events",
+    gna: "Records InternalIP recovery under reason `kubelet` (events.k8s.io) and updates the whole Node status.",
+    trellis: "Records `NodeAddressesMissing`, `NodeInternalIPRestored`, `NodeInternalIPRestoreFailed` (core/v1) and merge-patches `status.addresses` with a resourceVersion precondition.",
+    reason: "Neither gardenlet nor machine-controller-manager reads these events; the same resulting object and the same conflict behaviour.",
+    match: [],
+    assertedBy: "test/integration/health.test.ts: the InternalIP tests",
+  },
+  {
+    id: "labels-no-empty-patch",
+    gna: "Sends a `{}` patch of the role and zone labels at every reconcile.",
+    trellis: "Patches them only when they differ.",
+    reason: "No API load for nothing; the same labels.",
+    match: [],
+    assertedBy: "test/e2e/agent.test.ts: an OSC whose unit fails still sets role and zone",
+  },
+  {
+    id: "containerd-empty-config",
+    gna: "Patches an empty config.toml as config version 1.",
+    trellis: "Patches containerd's default configuration instead.",
+    reason: "On containerd 1.x none of the version-1 settings would take effect; gardenlet only reads the checksum.",
+    match: [],
+    assertedBy: "test/unit/containerd-config.test.ts: an empty current file",
+  },
+  {
+    id: "containerd-integers",
+    gna: "Writes every JSON number of a plugin's values as a float (`3.0`).",
+    trellis: "Writes whole numbers as TOML integers.",
+    reason: "containerd 1.6 refuses to start on `3.0` for an integer setting.",
+    match: [],
+    assertedBy: "test/unit/containerd-config.test.ts: whole numbers become integers",
+  },
+  {
+    id: "containerd-legacy-registry",
+    gna: "Writes `registry.mirrors` or `registry.configs.<host>.tls` next to `config_path`.",
+    trellis: "Refuses the OSC, naming the field.",
+    reason: "Unsafe: containerd's CRI plugin does not start with both, and the node runs no pods; gardenlet sees a missing checksum either way.",
+    match: [],
+    assertedBy: "test/unit/containerd-config.test.ts: legacy registry next to config_path",
+  },
+  {
+    id: "containerd-version-asked-when-needed",
+    gna: "Asks containerd's version at every reconcile and fails while it does not answer.",
+    trellis: "Asks only for a config of version 3 or more (where bin_dirs depends on it).",
+    reason: "The same result whenever gardener-node-agent succeeds; a version-2 node is not blocked by a stopped containerd.",
+    match: [],
+    assertedBy: "test/unit/containerd-version.test.ts: a version 2 config",
+  },
+  {
+    id: "dropin-dir-spares-osc-files",
+    gna: "Removes a changed unit's whole `.d` after the files are written, deleting an OSC file inside it, never rewritten.",
+    trellis: "Spares a `.d` that holds, or is, a path the OSC writes.",
+    reason: "The OSC's file stays on disk; an edge case nothing outside the node sees.",
+    match: [],
+    assertedBy: "test/unit/plan.test.ts: a drop-in that becomes a plain file is kept",
+  },
+  {
+    id: "dropin-dir-hostile",
+    gna: "Removes the `.d` tree with `os.RemoveAll`.",
+    trellis: "Refuses to empty directories other users can write in, other mounts, trees deeper than 32 (the apply fails and is retried).",
+    reason: "Root never deletes what another user moved in; pathological cases only.",
+    match: [],
+    assertedBy: "test/unit/files.test.ts: removeTree; test/integration/files-crash.test.ts: the mount test",
+  },
+  {
+    id: "registry-probe-on-disk",
+    gna: "Probes a registry again when its configuration differs from the last applied OSC's.",
+    trellis: "Probes when the hosts.toml on disk differs from the one rendered.",
+    reason: "The same for added or changed registries; a hand-edited or deleted hosts.toml is probed before it is written again.",
+    match: [],
+    assertedBy: "test/unit/registry-probe-ca.test.ts: which registries are probed",
+  },
+  {
+    id: "report-waits-between-reconciles",
+    gna: "Blocks its worker inside the reconcile on the registry probes and static pods, then errors with backoff.",
+    trellis: "Applies, returns, and looks again every 2 s / 5 s as separate reconciles, saying what it waits for in its condition.",
+    reason: "The checksum appears under the same conditions; a newer OSC is never held up behind the wait.",
+    match: [],
+    assertedBy: "test/e2e/agent-gates.test.ts",
+  },
+  {
+    id: "serial-lease-node-missing",
+    gna: "Holds the serial lease while the Node is missing and renews it every 5 s.",
+    trellis: "Holds it and renews it at reconciles only (periodic, or when the Node appears).",
+    reason: "A node whose kubelet never registers stops blocking the pool after the lease's 600 s.",
+    match: [],
+    assertedBy: "test/unit/osc-gates.test.ts: kubelet has not registered the Node yet",
+  },
+  {
+    id: "foreign-agent-binary",
+    gna: "Installs whatever binary the OSC names for itself and restarts into it.",
+    trellis: "Installs a binary that is not trellis only if it starts on this machine (`--version`); otherwise refuses the OSC with a Warning.",
+    reason: "A binary for another architecture or libc would leave the node without a working agent; gardenlet sees no new checksum either way.",
+    match: [],
+    assertedBy: "test/unit/self-update.test.ts: another agent that does not start here is refused",
+  },
+  {
+    id: "adopt-running-units",
+    gna: "With no record of the last applied OSC, restarts every unit.",
+    trellis: "Adopts a unit with no unit file that systemd already runs as asked, nothing of it written, without a restart.",
+    reason: "A takeover restarts nothing the OSC did not change; the checksum is written as before.",
+    match: [],
+    assertedBy: "test/unit/plan.test.ts: taking over a node; test/e2e/gardener-round-trip.test.ts",
+  },
+  {
+    id: "glibc",
+    gna: "A static Go binary: runs on any Linux.",
+    trellis: "Needs glibc 2.17 or newer; install.sh refuses a machine without it before installing anything.",
+    reason: "Not safer, a requirement of Bun's executable; only a musl or very old machine image sees it, at install time.",
+    match: [],
+    assertedBy: "test/e2e/glibc.test.ts; test/unit/install-script.test.ts",
+  },
 ];
 
 const cell = (s: string) => s.replace(/\|/g, "\\|").replace(/\n/g, " ");
@@ -83,9 +245,9 @@ const cell = (s: string) => s.replace(/\|/g, "\\|").replace(/\n/g, " ");
 /** The "Deliberate differences" section of docs/gardener-fields.md, between its markers. */
 export function renderDeliberate(rows: DeliberateRow[] = deliberate): string {
   return [
-    "| id | what gardener-node-agent does | what trellis does | why safer, and invisible to gardenlet and machine-controller-manager | the difference it accounts for (test/parity/deliberate.ts) |",
+    "| id | what gardener-node-agent does | what trellis does | why safer, and invisible to gardenlet and machine-controller-manager | asserted by: the differences it accounts for in the differential run (test/parity/deliberate.ts), or the test named |",
     "|---|---|---|---|---|",
-    ...rows.map((r) => `| ${cell(r.id)} | ${cell(r.gna)} | ${cell(r.trellis)} | ${cell(r.reason)} | ${cell(r.match.map((m) => `\`${JSON.stringify(m)}\``).join(" or "))} |`),
+    ...rows.map((r) => `| ${cell(r.id)} | ${cell(r.gna)} | ${cell(r.trellis)} | ${cell(r.reason)} | ${cell([...r.match.map((m) => `\`${JSON.stringify(m)}\``), ...(r.assertedBy ? [r.assertedBy] : [])].join(" or "))} |`),
   ].join("\n");
 }
 

@@ -74,7 +74,7 @@ export async function runParity(w: World, steps: Step[], progress: (msg: string)
   }
   return {
     steps: reports,
-    unmatchedDeliberate: deliberate.map((r) => r.id).filter((id) => !used.has(id)),
+    unmatchedDeliberate: deliberate.filter((r) => r.match.length > 0).map((r) => r.id).filter((id) => !used.has(id)),
     failing: reports.reduce((n, r) => n + r.differences.filter((d) => !d.deliberate).length, 0),
   };
 }

@@ -2,7 +2,7 @@
 // that classify a difference, and docs/gardener-fields.md's "Deliberate differences" section, which must
 // be exactly what test/parity/deliberate.ts renders.
 import { describe, expect, test } from "bun:test";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { deliberate, docMarkers, renderDeliberate } from "../parity/deliberate.ts";
 import { type Difference, differences, type Outcome } from "../parity/diff.ts";
 import { knownItems } from "../parity/known.ts";
@@ -82,5 +82,11 @@ describe("docs/gardener-fields.md", () => {
     expect(end).toBeGreaterThan(begin);
     expect(doc.slice(begin + docMarkers.begin.length, end).trim()).toBe(renderDeliberate());
     expect(new Set(deliberate.map((r) => r.id)).size).toBe(deliberate.length);
+  });
+
+  test("every row is asserted: by differences of the differential run it matches, or by a test it names that exists", () => {
+    expect(deliberate.filter((r) => r.match.length === 0 && !r.assertedBy).map((r) => r.id)).toEqual([]);
+    const files = deliberate.flatMap((r) => [...(r.assertedBy ?? "").matchAll(/test\/[\w./-]+\.test\.ts/g)].map((m) => m[0]));
+    for (const f of files) expect(existsSync(new URL(`../../${f}`, import.meta.url))).toBe(true);
   });
 });
