@@ -64,19 +64,51 @@ export const deliberate: DeliberateRow[] = [
     ],
   },
   {
-    id: "restart-on-listed-file-removal",
-    gna: "Leaves a unit running when a file it lists leaves the OSC (and is deleted).",
-    trellis: "Restarts the unit: the file it reads is gone.",
-    reason: "The unit then runs on what is on disk, as after any other change of a file it lists; nothing outside the node sees the restart.",
-    match: [{ step: "file-remove-listed", area: "restarted", key: "parity-d\\.service", gna: "not restarted", trellis: "restarted" }],
-  },
-  {
     id: "secret-ref-follows-secret",
     gna: "Reads a `secretRef` file's Secret only when the OSC's File entry changes: a later change of the Secret's data stays off the node.",
     trellis: "Watches the referenced Secrets and rewrites the file when their data changes.",
     reason: "The file is what the OSC says it is (the Secret's current data); gardenlet reads neither the file nor when it was written.",
     // From the step on which the Secret changed, for as long as the OSC keeps the file.
     match: [{ area: "file", key: "/etc/parity/from-secret", gna: "file 0640 .*", trellis: "file 0640 .*" }],
+  },
+  {
+    id: "containerd-conf-d",
+    gna: "Creates /etc/containerd/conf.d (0755), the directory config.toml's `imports` names, when it writes config.toml.",
+    trellis: "Leaves it to whoever puts a file there.",
+    reason: "containerd's import of `/etc/containerd/conf.d/*.toml` matches nothing either way; an empty directory changes nothing containerd or gardenlet sees.",
+    match: [{ area: "file", key: "/etc/containerd/conf\\.d", gna: "dir 0755", trellis: "absent" }],
+  },
+  {
+    id: "containerd-runtime-type",
+    gna: "Sets `SystemdCgroup` under `runtimes.runc.options` and nothing else of the runtime.",
+    trellis: "Also writes `runtime_type = \"io.containerd.runc.v2\"` for runc when it sets the cgroup driver.",
+    reason: "containerd decodes its runtimes entry by entry: a runc table holding only `options` replaces the built-in runc runtime and leaves it without a type, and every Pod fails (\"container.Runtime.Name must be set\"; Debian's config.toml names only the CNI directories). The value is containerd's own default, so a node where gardener-node-agent works behaves the same.",
+    match: [{ area: "file", key: "/etc/containerd/config\\.toml", ignoring: ',\\s*"runtime_type":\\s*"io\\.containerd\\.runc\\.v2"' }],
+  },
+  {
+    id: "sandbox-image-empty",
+    gna: "Writes `sandbox_image = \"\"` when `sandboxImage` is empty, and restarts containerd.",
+    trellis: "Keeps the sandbox image config.toml has (an empty `sandboxImage` sets nothing).",
+    reason: "An empty pause image leaves containerd unable to start any Pod sandbox; Gardener always renders one, so on a Gardener node both write the same.",
+    match: [
+      { step: "cri-sandbox-empty", area: "restarted", key: "containerd\\.service", gna: "restarted", trellis: "not restarted" },
+      // From then on the two config.toml differ in the sandbox image (and runc's type, row containerd-runtime-type).
+      { step: "cri-sandbox-empty|readiness-probe|readiness-probe-unreachable|readiness-probe-unreachable-removed|serial|delay-annotation|delayed|delayed-serial|unknown-field-content|unknown-field-spec|unknown-top-level-anchor|dropin-repeated|dropin-not-conf|same-path-spec-status|registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/containerd/config\\.toml", ignoring: ',\\s*"runtime_type":\\s*"io\\.containerd\\.runc\\.v2"|"sandbox_image":\\s*"[^"]*"' },
+    ],
+  },
+  {
+    id: "certs-d-before-probe",
+    gna: "Creates a probed registry's certs.d directory before its readiness probe answers (hosts.toml is written after).",
+    trellis: "Creates the directory with its hosts.toml, once the probe answered.",
+    reason: "containerd reads an empty certs.d/<registry> directory as no configuration, as a missing one; the checksum waits for the probe on both.",
+    match: [{ area: "file", key: "/etc/containerd/certs\\.d/down\\.example\\.invalid", gna: "dir 0755", trellis: "absent" }],
+  },
+  {
+    id: "serial-lease-release",
+    gna: "Releases the serial lease by clearing its holder, duration and times.",
+    trellis: "Clears the holder and keeps the duration and the times as the record of the last turn.",
+    reason: "A lease without a holder is free to both agents whatever its times say (gardener-node-agent takes it when no other holder has renewed it in time); gardenlet does not read it.",
+    match: [{ area: "lease", key: "<osc-secret>", gna: "holder= duration=", trellis: "holder= duration=600" }],
   },
   {
     id: "in-place-no-restart",

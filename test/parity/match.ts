@@ -4,7 +4,11 @@
 import type { Area, Difference } from "./diff.ts";
 
 export type ValueMatcher = string | "absent";
-export type Matcher = { step?: string; area?: Area; key?: string; gna?: ValueMatcher; trellis?: ValueMatcher };
+/**
+ * `ignoring`: the two contents (a file's text, TOML as its parsed value) are the same once every match of
+ * this expression is taken out of both: a row that allows one setting, not every difference of the file.
+ */
+export type Matcher = { step?: string; area?: Area; key?: string; gna?: ValueMatcher; trellis?: ValueMatcher; ignoring?: string };
 
 const valueMatches = (m: ValueMatcher | undefined, v: string | undefined) => m === undefined || (m === "absent" ? v === undefined : v !== undefined && new RegExp(m).test(v));
 
@@ -14,6 +18,12 @@ export function matches(m: Matcher, step: string, d: Difference): boolean {
     (m.area === undefined || m.area === d.area) &&
     (m.key === undefined || new RegExp(`^(?:${m.key})$`).test(d.key)) &&
     valueMatches(m.gna, d.gna) &&
-    valueMatches(m.trellis, d.trellis)
+    valueMatches(m.trellis, d.trellis) &&
+    (m.ignoring === undefined || sameIgnoring(new RegExp(m.ignoring, "g"), d.detail?.gna, d.detail?.trellis))
   );
+}
+
+function sameIgnoring(re: RegExp, gna: string | undefined, trellis: string | undefined): boolean {
+  const strip = (t: string) => t.replace(re, "").replace(/\s+/g, "");
+  return gna !== undefined && trellis !== undefined && strip(gna) === strip(trellis);
 }
