@@ -60,7 +60,7 @@ function trellisDecision(node: V1Node, checksum: string): Outcome | undefined {
   const c = node.status?.conditions?.find((x) => x.type === trellisCondition);
   if (!c?.message?.includes(`OSC ${checksum.slice(0, 12)}`)) return undefined;
   if (c.status === "True") return node.metadata?.annotations?.[appliedAnnotation] === checksum ? { result: "applied", evidence: c.message } : undefined;
-  return { result: ["InPlaceUpdatePending", "WaitingForRegistries", "WaitingForStaticPods"].includes(c.reason) ? "held" : "error", evidence: `${c.reason}: ${c.message}` };
+  return { result: ["InPlaceUpdatePending", "WaitingForRegistries", "WaitingForStaticPods"].includes(c.reason ?? "") ? "held" : "error", evidence: `${c.reason}: ${c.message}` };
 }
 
 const gnaHolds = ["Node is not ready for in-place update", "Not all static pods have been rolled out", "Static pod is not"];
