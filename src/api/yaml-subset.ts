@@ -150,16 +150,10 @@ function contentLines(physical: readonly string[]): Line[] {
 const isItem = (text: string) => text === "-" || text.startsWith("- ");
 
 /**
- * At most this many of the full parse's lexical tokens per line of the subset (indentation, "-", a space,
- * the key, ":", a space, the scalar, trailing spaces, the line break; the test counts them).
- */
-export const maxTokensPerLine = 10;
-
-/**
  * The value of `text` in the subset, or undefined when it is not in the subset (or is empty). A document
- * the full parse could refuse for its depth or its number of tokens is declined, so that parse decides.
+ * the full parse could refuse for its depth is declined, so that parse decides.
  */
-export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTokens: number }): { value: unknown } | undefined {
+export function parseYamlSubset(text: string, limits: { maxDepth: number }): { value: unknown } | undefined {
   const { maxDepth } = limits;
   // Control characters (tabs and CR among them; parseYaml refuses most before), and the characters YAML
   // 1.1 reads as line breaks inside a quoted scalar (NEL, LS, PS).
@@ -168,7 +162,6 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
     const physical = text.split("\n");
     const endsWithBreak = physical.at(-1) === "";
     if (endsWithBreak) physical.pop();
-    if (physical.length >= Math.floor(limits.maxTokens / maxTokensPerLine) - 1) throw new Decline();
     const lines = contentLines(physical);
     let i = 0;
 
