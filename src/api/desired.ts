@@ -202,37 +202,35 @@ function checkUnitText(text: string, fail: (msg: string) => void): void {
 // and filePaths. gardener-node-agent writes a unit's drop-ins in turn: of two with one name, the later one
 // is what the node keeps. `note`: what is merged or replaced, to be reported.
 function mergeUnits(spec: OscUnit[], status: OscUnit[], note: (msg: string) => void): DesiredUnit[] {
-  const out = new Map<string, DesiredUnit & { from: string[]; dropInFrom: Map<string, string> }>();
-  for (const [list, entries] of [["spec.units", spec], ["status.extensionUnits", status]] as const) {
-    entries.forEach((u, i) => {
-      const here = `${list}[${i}]`;
-      const prev = out.get(u.name);
-      const earlierHere = prev?.from.filter((w) => w.startsWith(`${list}[`)) ?? [];
-      if (earlierHere.length > 0) note(`${here} (${u.name}): the unit is in ${earlierHere.join(", ")} too: merged into it as gardener-node-agent merges status.extensionUnits into spec.units (the later enable, command and content win; drop-ins and filePaths are added)`);
-      const dropInFrom = new Map(prev?.dropInFrom);
-      const dropIns = new Map((prev?.dropIns ?? []).map((d) => [d.name, d]));
+  // Each unit as merged so far, the entries it was merged from, and the entry each drop-in came from.
+  type Merged = { unit: DesiredUnit; entries: string[]; dropIns: Map<string, { dropIn: DesiredDropIn; entry: string }> };
+  const merged = new Map<string, Merged>();
+  for (const [list, units] of [["spec.units", spec], ["status.extensionUnits", status]] as const) {
+    units.forEach((u, i) => {
+      const entry = `${list}[${i}]`;
+      const m: Merged = merged.get(u.name) ?? { unit: { name: u.name, enable: true, dropIns: [], filePaths: [] }, entries: [], dropIns: new Map() };
+      const sameList = m.entries.filter((e) => e.startsWith(`${list}[`));
+      if (sameList.length > 0) note(`${entry} (${u.name}): the unit is in ${sameList.join(", ")} too: merged into it as gardener-node-agent merges status.extensionUnits into spec.units (the later enable, command and content win; drop-ins and filePaths are added)`);
+      m.entries.push(entry);
       (u.dropIns ?? []).forEach((d, j) => {
-        const earlier = dropInFrom.get(d.name);
-        if (earlier) note(`unit ${u.name}.dropIns[${d.name}]: ${earlier} is not written: ${here}.dropIns[${j}] has the same name and comes later, and the later one is what the node keeps (gardener-node-agent writes both, in this order)`);
-        dropInFrom.set(d.name, `${here}.dropIns[${j}]`);
-        dropIns.delete(d.name);
-        dropIns.set(d.name, { name: d.name, content: d.content, sha256: sha256Hex(d.content) });
+        const earlier = m.dropIns.get(d.name);
+        if (earlier) note(`unit ${u.name}.dropIns[${d.name}]: ${earlier.entry} is not written: ${entry}.dropIns[${j}] has the same name and comes later, and the later one is what the node keeps (gardener-node-agent writes both, in this order)`);
+        m.dropIns.set(d.name, { dropIn: { name: d.name, content: d.content, sha256: sha256Hex(d.content) }, entry: `${entry}.dropIns[${j}]` });
       });
-      const content = u.content ?? prev?.content;
-      const command = u.command ?? prev?.command;
-      out.set(u.name, {
+      const content = u.content ?? m.unit.content;
+      const command = u.command ?? m.unit.command;
+      m.unit = {
         name: u.name,
         ...(content !== undefined ? { content, sha256: sha256Hex(content) } : {}),
-        enable: u.enable ?? prev?.enable ?? true,
+        enable: u.enable ?? m.unit.enable,
         ...(command ? { command } : {}),
-        dropIns: [...dropIns.values()],
-        filePaths: [...new Set([...(prev?.filePaths ?? []), ...(u.filePaths ?? [])])],
-        from: [...(prev?.from ?? []), here],
-        dropInFrom,
-      });
+        dropIns: [...m.dropIns.values()].map((x) => x.dropIn),
+        filePaths: [...new Set([...m.unit.filePaths, ...(u.filePaths ?? [])])],
+      };
+      merged.set(u.name, m);
     });
   }
-  return [...out.values()].map(({ from: _from, dropInFrom: _dropInFrom, ...unit }) => unit);
+  return [...merged.values()].map((m) => m.unit);
 }
 
 function decodeContent(f: OscFile, ctx: ResolveContext, fail: (field: string, msg: string) => void): Uint8Array | CachedContent | undefined {

@@ -632,8 +632,8 @@ describe("units", () => {
       status: { extensionUnits: [{ name: "a.service", dropIns: [{ name: "10-a.conf", content: "status" }] }] },
     });
     expect(unitOf(d, "a.service").dropIns.map((x) => [x.name, x.content])).toEqual([
-      ["20-b.conf", "b"],
       ["10-a.conf", "status"],
+      ["20-b.conf", "b"],
     ]);
     expect(d.unsupported).toEqual([
       `${SOURCE}: unit a.service.dropIns[10-a.conf]: spec.units[0].dropIns[0] is not written: status.extensionUnits[0].dropIns[0] has the same name and comes later, and the later one is what the node keeps (gardener-node-agent writes both, in this order)`,
