@@ -17,7 +17,7 @@ import { describeError, type Logger } from "../../log.ts";
 // `ignored`: what the parse did not read, reported again after a restart (absent in a file of a trellis that refused unknown fields).
 const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), osc: OperatingSystemConfigSchema, ignored: v.optional(v.array(v.string()), []) });
 type Kept = { checksum: string; osc: OperatingSystemConfig; ignored: string[] };
-/** A kept parse larger than this is not read (the OSC itself is at most 2 MiB of YAML). */
+/** A kept parse larger than this is not read (the OSC itself is at most 1 MiB of YAML). */
 const maxFileBytes = 16 << 20;
 
 export type OscParser = {
