@@ -374,6 +374,19 @@ describe("file content", () => {
     expect(r.value.unsupported).toEqual([]);
   });
 
+  // Deliberately unlike gardener-node-agent's first apply, which writes inline files before image files and
+  // then takes the path as done (it keeps the inline one until the OSC changes, then writes the image's).
+  test("a path given inline and, later, from an image: the image's file is written, the inline entry reported", () => {
+    const cached = { copyFrom: "/var/lib/gardener-node-agent/trellis/images/blobs/sha256/ab", sha256: "ab".repeat(32) };
+    const images: Images = new Map([[imageKey(kubeletRef), { ok: true, content: cached, size: 10 }]]);
+    const osc = parsed({ spec: { files: [{ ...kubeletFile, content: inline("an older kubelet") }] }, status: { extensionFiles: [kubeletFile] } });
+    expect(imageRefsOf(osc, HOST)).toEqual([kubeletRef]);
+    const r = resolveDesired(osc, { hostName: HOST, secrets: new Map(), images, source: SOURCE });
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.value.files.map((f) => [f.path, f.content])).toEqual([["/opt/bin/kubelet", cached]]);
+    expect(r.value.unsupported).toEqual([expect.stringContaining("spec.files[0] (/opt/bin/kubelet): not written: status.extensionFiles[0] (/opt/bin/kubelet)")]);
+  });
+
   test("an image that could not be fetched is an error naming the file and the image's problem", () => {
     const images: Images = new Map([[imageKey(kubeletRef), { ok: false, error: "registry/hyperkube:v1.35.4: manifest unknown" }]]);
     const r = resolve({ spec: { files: [kubeletFile] } }, new Map(), HOST, images);
