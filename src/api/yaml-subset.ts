@@ -9,7 +9,7 @@
 // goes through parseYaml's bounded parse as before: the subset gives exactly that parse's value or
 // nothing (test/unit/yaml-subset.test.ts holds it to this on the fixtures, Gardener's rendered OSC, the
 // fuzz corpus and generated documents).
-import { parse } from "yaml";
+import { Document, parse } from "yaml";
 
 /** A line of structure: its indentation, its text after it, and its index among the physical lines. */
 type Line = { indent: number; text: string; at: number };
@@ -30,6 +30,12 @@ const plainOther = /^[A-Za-z0-9_./+~-][A-Za-z0-9_./+=~:-]*$/;
 const stringEvidence = /[ghj-mpqrsuvwyGHJ-MPQRSUVWY/=]/;
 /** YAML 1.1's words that are not strings (y, no, null, false …) are at most this long. */
 const longestWord = 5;
+
+/**
+ * The tests by which the `yaml` package types a plain scalar in YAML 1.1 (its schema's default tags: null,
+ * bool, int, float, timestamp …); a plain scalar none of them matches is a string.
+ */
+const typedPlain = (new Document(null, { version: "1.1" }).schema.tags as { default?: unknown; test?: RegExp }[]).flatMap((t) => (t.default === true && t.test ? [t.test] : []));
 
 /**
  * What the `yaml` package makes of a plain scalar as a mapping's value (its type depends only on its
@@ -198,7 +204,8 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number }): { v
         const m = keyPattern.exec(line.text);
         if (!m) throw new Decline();
         const key = m[1] as string;
-        if (key === "__proto__" || keys.has(key) || (key.length <= longestWord && resolvePlain(key) !== key)) throw new Decline();
+        // A key YAML reads as another type (yes, null …) would be turned into some string: not the subset's.
+        if (key === "__proto__" || keys.has(key) || typedPlain.some((test) => test.test(key))) throw new Decline();
         keys.add(key);
         i++;
         map[key] = m[2] === undefined || trimSpaces(m[2]) === "" ? nested(indent, depth, true) : scalarAt(m[2], indent);
