@@ -23,6 +23,7 @@ const cases: Record<string, () => string> = {
   "block sequence of 1 MiB, 260 000 items": () => `spec:\n${lines(1_040_000, () => "- 1")}\n`,
   "flow list of 500 000 items (1 MiB)": () => `spec: [${"1,".repeat(520_000)}]\n`,
   "flow mapping of 70 000 keys (0.7 MiB)": () => `spec:\n  x: {${Array.from({ length: 70_000 }, (_, i) => `k${i}: 1`).join(",")}}\n`,
+  "flow list of 1 MiB over 145 000 lines, 290 000 items": () => `spec: [${Array(145_000).fill("1,1").join(",\n  ")}]\n`,
   "block mapping of 60 000 keys (0.7 MiB)": () => `spec:\n${Array.from({ length: 60_000 }, (_, i) => `  k${i}: 1`).join("\n")}\n`,
   "1 MiB of commas in a flow list (invalid)": () => `spec: [${",".repeat(1_040_000)}]\n`,
   "4000 nested brackets and one alias (8 KB)": () => `spec:\n  x: &a ${"[".repeat(4000)}${"]".repeat(4000)}\n  y: *a\n`,

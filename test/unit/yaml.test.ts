@@ -25,7 +25,8 @@ describe("every document within a Secret's size is read, whatever its number of 
   // Refused by a cap of 300 000 tokens before: a Secret carries them (issue 20). Measured: bun run bench:yaml.
   test.each([
     ["a flow list of 1 MiB", () => `spec: [${"1,".repeat(oscYamlLimits.maxBytes / 2 - 8)}]\n`, (v: { spec: unknown[] }) => v.spec.length === oscYamlLimits.maxBytes / 2 - 8],
-    ["70 000 flow keys", () => `spec:\n  x: {${Array.from({ length: 70_000 }, (_, i) => `k${i}: 1`).join(",")}}\n`, (v: { spec: { x: object } }) => Object.keys(v.spec.x).length === 70_000],
+    // Over several lines: the fast path leaves it to the yaml package.
+    ["70 000 flow keys", () => `spec:\n  x: {${Array.from({ length: 70_000 }, (_, i) => `k${i}: 1`).join(",\n    ")}}\n`, (v: { spec: { x: object } }) => Object.keys(v.spec.x).length === 70_000],
     ["60 000 block keys", () => `spec:\n${Array.from({ length: 60_000 }, (_, i) => `  k${i}: 1`).join("\n")}\n`, (v: { spec: object }) => Object.keys(v.spec).length === 60_000],
   ] as const)("%s", (_, make, holds) => {
     const text = make();
