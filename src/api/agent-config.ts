@@ -2,16 +2,15 @@
 // config file, read unchanged so trellis can replace it. Defaults and limits are Gardener's
 // (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go). Every field is acted on or
 // refused with an error naming it (docs/gardener-fields.md): a setting the operator wrote must never
-// be dropped silently, and a field trellis does not know may change behaviour it cannot provide.
+// be dropped silently. A key that is no field of Gardener's is ignored, as gardener-node-agent's
+// non-strict decoder ignores it, and said (a warning naming it): a newer Gardener's config must not keep
+// the agent from starting.
 import * as v from "valibot";
 import { Buffer } from "node:buffer";
 import { decodeBase64 } from "./base64.ts";
-import { notGardenerField, record, strictObject } from "./shapes.ts";
+import { decodeGardener } from "./gardener-decode.ts";
+import { object, record } from "./shapes.ts";
 import { parseGoDuration } from "./duration.ts";
-import { formatIssues } from "./issues.ts";
-import { parseYaml } from "./yaml.ts";
-
-const object = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("NodeAgentConfiguration"));
 const json = "application/json";
 const unsupportedText = (why: string) => `not supported by trellis: ${why}`;
 const unsupported = (why: string) => () => unsupportedText(why);
@@ -177,12 +176,11 @@ function caBundlePem(base64: string): string | undefined {
 }
 
 
-export type ConfigResult = { ok: true; config: NodeAgentConfiguration } | { ok: false; errors: string[] };
+/** `ignored`: the keys that are no field of Gardener's (and values a repeated key replaced), one line each. */
+export type ConfigResult = { ok: true; config: NodeAgentConfiguration; ignored: string[] } | { ok: false; errors: string[] };
 
 /** Parses a NodeAgentConfiguration from YAML text; errors name the file and the field. */
 export function parseAgentConfig(text: string, source: string): ConfigResult {
-  const doc = parseYaml(text, source);
-  if (!doc.ok) return { ok: false, errors: doc.errors };
-  const r = v.safeParse(NodeAgentConfigurationSchema, doc.value);
-  return r.success ? { ok: true, config: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
+  const r = decodeGardener(NodeAgentConfigurationSchema, "NodeAgentConfiguration", text, source);
+  return r.ok ? { ok: true, config: r.value, ignored: r.ignored } : r;
 }

@@ -1,11 +1,9 @@
 // The OSC's `spec.criConfig` (Gardener's CRIConfig, extensions.gardener.cloud/v1alpha1). Shapes only, as
-// in osc.ts: unknown fields are refused, optional fields may be null as Go's encoder writes them. What the
-// values mean (upstream names, URLs, plugin paths) is checked in src/plan/containerd.ts, which names
-// the field of every problem.
+// in osc.ts: unknown fields are dropped and reported, optional fields may be null as Go's encoder writes
+// them. What the values mean (upstream names, URLs, plugin paths) is checked in src/plan/containerd.ts,
+// which names the field of every problem.
 import * as v from "valibot";
-import { notGardenerField, record, strictObject } from "./shapes.ts";
-
-const criObject = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("OperatingSystemConfig"));
+import { object as criObject, record } from "./shapes.ts";
 
 const opt = <T extends v.GenericSchema>(schema: T) => v.optional(v.nullable(schema));
 

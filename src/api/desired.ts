@@ -1,16 +1,18 @@
 // From an OperatingSystemConfig to the node's desired state: spec and status merged the way
 // gardener-node-agent merges them, files for other hosts dropped, every content decoded and hashed,
-// and every rule a node depends on checked. Any problem is reported with the object and field it
-// concerns, and then nothing at all is applied: a half-understood config must not reach the node.
+// and every rule a node depends on checked. A problem — what would be unsafe to apply, or what
+// gardener-node-agent refuses too — is reported with the object and field it concerns, and then nothing
+// at all is applied: a half-understood config must not reach the node. What gardener-node-agent accepts
+// but trellis, or systemd, does not act on as written (an entry a later one replaces, a drop-in systemd
+// does not read) is applied as gardener-node-agent applies it, and said (`unsupported`).
 import { createHash } from "node:crypto";
-import * as v from "valibot";
 import { decodeBase64 } from "./base64.ts";
+import { type Decoded, decodeGardener } from "./gardener-decode.ts";
 import { baseLayer, fileEntry, type Provenance, unitEntry } from "./layers.ts";
-import { formatIssues } from "./issues.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema, type OscFile, type OscUnit } from "./osc.ts";
 import { dropInPath, nodePathProblem, unitFilePath, writablePathProblem } from "./paths.ts";
 import type { Result } from "./result.ts";
-import { decodeYamlBytes, parseYaml } from "./yaml.ts";
+import { decodeYamlBytes } from "./yaml.ts";
 
 export type UnitCommand = "start" | "restart" | "stop";
 /** A file extracted from an image into the agent's cache: copied from there, verified by its hash. */
@@ -30,7 +32,11 @@ export type DesiredUnit = {
 export type Desired = {
   units: DesiredUnit[];
   files: DesiredFile[];
-  /** Parts of the OSC trellis cannot apply; applied around, and reported. */
+  /**
+   * Parts of the OSC that are not acted on as written (a field trellis does not know, an entry a later
+   * one replaces, a drop-in systemd does not read): applied around, and reported (a Warning event, the
+   * Node condition, a metric, `trellis plan`).
+   */
   unsupported: string[];
   /** Paths the OSC still declares but that are not written this time: left as they are, never removed. */
   keep: string[];
@@ -43,7 +49,6 @@ export const defaultFileMode = 0o600;
 export const maxFileBytes = 4 * 1024 * 1024;
 
 const unitName = /^[A-Za-z0-9:_.\\@-]{1,250}\.(service|socket|device|mount|automount|swap|target|path|timer|slice|scope)$/;
-const dropInName = /^[^/\0]+\.conf$/;
 
 export const sha256Hex = (data: Uint8Array | string): string => createHash("sha256").update(data).digest("hex");
 
@@ -54,22 +59,38 @@ export const sha256Hex = (data: Uint8Array | string): string => createHash("sha2
  */
 export const oscChecksum = (oscYaml: Uint8Array): string => sha256Hex(oscYaml);
 
-/** Parses osc.yaml; errors name the source and field. */
 /** Parses osc.yaml as the Secret holds it: bytes within the size cap, UTF-8, then YAML (parseOsc). */
-export function parseOscBytes(bytes: Uint8Array, source: string): Result<OperatingSystemConfig> {
+export function parseOscBytes(bytes: Uint8Array, source: string): Decoded<OperatingSystemConfig> {
   const text = decodeYamlBytes(bytes, source);
   return text.ok ? parseOsc(text.value, source) : text;
 }
 
-export function parseOsc(text: string, source: string): Result<OperatingSystemConfig> {
-  const doc = parseYaml(text, source);
-  if (!doc.ok) return doc;
-  const r = v.safeParse(OperatingSystemConfigSchema, doc.value);
-  return r.success ? { ok: true, value: r.output } : { ok: false, errors: formatIssues(r.issues).map((e) => `${source}: ${e}`) };
+/** Parses osc.yaml; errors name the source and field; `ignored` says what it holds that is not read (keys Gardener's type does not have). */
+export function parseOsc(text: string, source: string): Decoded<OperatingSystemConfig> {
+  return decodeGardener(OperatingSystemConfigSchema, "OperatingSystemConfig", text, source);
 }
 
-const filesOf = (osc: OperatingSystemConfig, hostName: string) =>
-  [...(osc.spec.files ?? []), ...(osc.status?.extensionFiles ?? [])].filter((f) => f.hostName == null || f.hostName === hostName);
+type FileEntry = { file: OscFile; list: "spec.files" | "status.extensionFiles"; index: number };
+
+/**
+ * The OSC's files for this host, spec's then status's as gardener-node-agent lists them, each with the
+ * later entry of its path that replaces it, if any: gardener-node-agent writes the entries of one path
+ * in turn, so the last one is what the node keeps.
+ */
+function fileEntries(osc: OperatingSystemConfig, hostName: string): (FileEntry & { replacedBy?: FileEntry })[] {
+  const lists = [
+    ["spec.files", osc.spec.files ?? []],
+    ["status.extensionFiles", osc.status?.extensionFiles ?? []],
+  ] as const;
+  const all = lists.flatMap(([list, files]) => files.map((file, index): FileEntry => ({ file, list, index }))).filter((e) => e.file.hostName == null || e.file.hostName === hostName);
+  const last = new Map(all.map((e) => [e.file.path, e]));
+  return all.map((e) => {
+    const winner = last.get(e.file.path);
+    return winner === e ? e : { ...e, replacedBy: winner };
+  });
+}
+
+const filesOf = (osc: OperatingSystemConfig, hostName: string) => fileEntries(osc, hostName).flatMap((e) => (e.replacedBy ? [] : [e.file]));
 
 /** The Secrets (kube-system) that the OSC's files for this host reference, to be fetched before resolveDesired. */
 export function secretRefsOf(osc: OperatingSystemConfig, hostName: string): string[] {
@@ -117,30 +138,25 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
   };
 
   const files: DesiredFile[] = [];
-  const fileOrigins = new Map<string, string>();
-  const fileLists: [string, OscFile[]][] = [
-    ["spec.files", osc.spec.files ?? []],
-    ["status.extensionFiles", osc.status?.extensionFiles ?? []],
-  ];
-  for (const [list, entries] of fileLists) {
-    entries.forEach((f, i) => {
-      const where = `${list}[${i}] (${shown(f.path)})${layer(fileEntry(f.path))}`;
-      if (f.hostName != null && f.hostName !== ctx.hostName) return;
-      const problem = writablePathProblem(f.path);
-      const earlier = fileOrigins.get(f.path);
-      if (problem) fail(where, `path ${problem}`);
-      else if (earlier) fail(where, `duplicate path, also in ${earlier}`);
-      else fileOrigins.set(f.path, where);
-      // Decoded even when the path is wrong, so that every problem is reported at once.
-      const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg));
-      if (content && !problem && !earlier) {
-        const sha256 = content instanceof Uint8Array ? sha256Hex(content) : content.sha256;
-        files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256, origin: where });
-      }
-    });
+  const whereOf = (e: FileEntry) => `${e.list}[${e.index}] (${shown(e.file.path)})${layer(fileEntry(e.file.path))}`;
+  for (const e of fileEntries(osc, ctx.hostName)) {
+    const f = e.file;
+    const where = whereOf(e);
+    if (e.replacedBy) {
+      unsupported.push(`${ctx.source}: ${where}: not written: ${whereOf(e.replacedBy)} has the same path and comes later, and the later entry is what the node keeps (gardener-node-agent writes both, in this order)`);
+      continue;
+    }
+    const problem = writablePathProblem(f.path);
+    if (problem) fail(where, `path ${problem}`);
+    // Decoded even when the path is wrong, so that every problem is reported at once.
+    const content = decodeContent(f, ctx, (field, msg) => fail(`${where}.content.${field}`, msg));
+    if (content && !problem) {
+      const sha256 = content instanceof Uint8Array ? sha256Hex(content) : content.sha256;
+      files.push({ path: f.path, mode: f.permissions ?? defaultFileMode, content, sha256, origin: where });
+    }
   }
 
-  const units = mergeUnits(osc.spec.units ?? [], osc.status?.extensionUnits ?? [], fail);
+  const units = mergeUnits(osc.spec.units ?? [], osc.status?.extensionUnits ?? [], (msg) => unsupported.push(`${ctx.source}: ${msg}`));
   const managedPaths = new Map<string, string>();
   for (const u of units) {
     const where = `unit ${u.name}${layer(unitEntry(u.name))}`;
@@ -152,13 +168,14 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
       checkUnitText(u.content, (msg) => fail(`${where}.content`, msg));
       managedPaths.set(unitFilePath(u.name), where);
     }
-    const seen = new Set<string>();
     for (const d of u.dropIns) {
       const dropIn = `${where}.dropIns[${d.name}]`;
-      if (!dropInName.test(d.name) || d.name.includes("..")) fail(dropIn, "name must be a file name ending in .conf, without /");
-      else if (seen.has(d.name)) fail(dropIn, "duplicate drop-in name");
-      else managedPaths.set(dropInPath(u.name, d.name), dropIn);
-      seen.add(d.name);
+      const path = dropInPath(u.name, d.name);
+      // gardener-node-agent joins the name to the unit's .d directory: one that leaves it, or names no file, is refused.
+      const problem = d.name.includes("/") ? "contains /" : nodePathProblem(path);
+      if (problem) fail(dropIn, `name must be a file name in ${u.name}.d: ${problem}`);
+      else managedPaths.set(path, dropIn);
+      if (!problem && !d.name.endsWith(".conf")) unsupported.push(`${ctx.source}: ${dropIn}: written as gardener-node-agent writes it, but systemd reads only drop-ins whose name ends in .conf: not acted on by systemd`);
       checkUnitText(d.content, (msg) => fail(`${dropIn}.content`, msg));
     }
     for (const p of u.filePaths) {
@@ -173,8 +190,6 @@ export function resolveDesired(osc: OperatingSystemConfig, ctx: ResolveContext):
   return errors.length ? { ok: false, errors } : { ok: true, value: { units, files, unsupported, keep } };
 }
 
-type Fail = (where: string, msg: string) => void;
-
 // systemd reads unit files as text: a NUL byte ends what it sees, and a file this large is a mistake.
 function checkUnitText(text: string, fail: (msg: string) => void): void {
   if (text.includes("\0")) fail("contains a NUL byte");
@@ -182,30 +197,40 @@ function checkUnitText(text: string, fail: (msg: string) => void): void {
   if (bytes > maxFileBytes) fail(`is ${bytes} bytes, more than the limit of ${maxFileBytes}`);
 }
 
-// Units merged by name as gardener-node-agent does: later entries override enable, command and
-// content, and append drop-ins and filePaths. Duplicates within one list are a mistake, not a merge.
-function mergeUnits(spec: OscUnit[], status: OscUnit[], fail: Fail): DesiredUnit[] {
-  const out = new Map<string, DesiredUnit>();
-  for (const [list, entries] of [["spec.units", spec], ["status.extensionUnits", status]] as const) {
-    const names = new Set<string>();
-    entries.forEach((u, i) => {
-      if (names.has(u.name)) fail(`${list}[${i}] (${u.name})`, "duplicate unit name");
-      names.add(u.name);
-      const prev = out.get(u.name);
-      const dropIns = (u.dropIns ?? []).map((d) => ({ name: d.name, content: d.content, sha256: sha256Hex(d.content) }));
-      const content = u.content ?? prev?.content;
-      const command = u.command ?? prev?.command;
-      out.set(u.name, {
+// Units merged by name as gardener-node-agent merges them (spec's, then status's, in order; a name
+// given twice in one list too): later entries override enable, command and content, and append drop-ins
+// and filePaths. gardener-node-agent writes a unit's drop-ins in turn: of two with one name, the later one
+// is what the node keeps. `note`: what is merged or replaced, to be reported.
+function mergeUnits(spec: OscUnit[], status: OscUnit[], note: (msg: string) => void): DesiredUnit[] {
+  // Each unit as merged so far, the entries it was merged from, and the entry each drop-in came from.
+  type Merged = { unit: DesiredUnit; entries: string[]; dropIns: Map<string, { dropIn: DesiredDropIn; entry: string }> };
+  const merged = new Map<string, Merged>();
+  for (const [list, units] of [["spec.units", spec], ["status.extensionUnits", status]] as const) {
+    units.forEach((u, i) => {
+      const entry = `${list}[${i}]`;
+      const m: Merged = merged.get(u.name) ?? { unit: { name: u.name, enable: true, dropIns: [], filePaths: [] }, entries: [], dropIns: new Map() };
+      const sameList = m.entries.filter((e) => e.startsWith(`${list}[`));
+      if (sameList.length > 0) note(`${entry} (${u.name}): the unit is in ${sameList.join(", ")} too: merged into it as gardener-node-agent merges status.extensionUnits into spec.units (the later enable, command and content win; drop-ins and filePaths are added)`);
+      m.entries.push(entry);
+      (u.dropIns ?? []).forEach((d, j) => {
+        const earlier = m.dropIns.get(d.name);
+        if (earlier) note(`unit ${u.name}.dropIns[${d.name}]: ${earlier.entry} is not written: ${entry}.dropIns[${j}] has the same name and comes later, and the later one is what the node keeps (gardener-node-agent writes both, in this order)`);
+        m.dropIns.set(d.name, { dropIn: { name: d.name, content: d.content, sha256: sha256Hex(d.content) }, entry: `${entry}.dropIns[${j}]` });
+      });
+      const content = u.content ?? m.unit.content;
+      const command = u.command ?? m.unit.command;
+      m.unit = {
         name: u.name,
         ...(content !== undefined ? { content, sha256: sha256Hex(content) } : {}),
-        enable: u.enable ?? prev?.enable ?? true,
+        enable: u.enable ?? m.unit.enable,
         ...(command ? { command } : {}),
-        dropIns: [...(prev?.dropIns ?? []), ...dropIns],
-        filePaths: [...new Set([...(prev?.filePaths ?? []), ...(u.filePaths ?? [])])],
-      });
+        dropIns: [...m.dropIns.values()].map((x) => x.dropIn),
+        filePaths: [...new Set([...m.unit.filePaths, ...(u.filePaths ?? [])])],
+      };
+      merged.set(u.name, m);
     });
   }
-  return [...out.values()];
+  return [...merged.values()].map((m) => m.unit);
 }
 
 function decodeContent(f: OscFile, ctx: ResolveContext, fail: (field: string, msg: string) => void): Uint8Array | CachedContent | undefined {

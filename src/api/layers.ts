@@ -17,7 +17,7 @@ import { oscDataKey } from "./paths.ts";
 import { FileSchema, type OperatingSystemConfig, type OscFile, type OscUnit, UnitSchema } from "./osc.ts";
 import type { Result } from "./result.ts";
 import { matches, parseSelector, type Selector } from "./selector.ts";
-import { strictObject } from "./shapes.ts";
+import { strictObject, unknownKeys } from "./shapes.ts";
 import { decodeYamlBytes, parseYaml } from "./yaml.ts";
 
 /** The Node annotation with the checksum of what the node applies, where overlays make it differ from osc.yaml's. */
@@ -56,6 +56,12 @@ export function parseOverlays(data: Readonly<Record<string, Uint8Array>>, source
     const r = v.safeParse(OverlaySchema, doc.value);
     if (!r.success) {
       errors.push(...formatIssues(r.issues).map((e) => `${where}: ${e}`));
+      continue;
+    }
+    // An overlay is trellis's own format, written for trellis: what it would not act on is an error.
+    const unread = [...doc.replaced, ...unknownKeys(OverlaySchema, doc.value).map((path) => `${path}: not a field of an OSC unit or file`)];
+    if (unread.length > 0) {
+      errors.push(...unread.map((e) => `${where}: ${e}`));
       continue;
     }
     const selector = parseSelector(r.output.selector);

@@ -1,22 +1,21 @@
 // OperatingSystemConfig (extensions.gardener.cloud/v1alpha1) as gardener-node-agent reads it from the
 // OSC Secret's `osc.yaml`. Every field of Gardener v1.150's type is listed: those the agent acts on are
 // typed, those that concern the control plane and not the node are accepted as they are
-// (docs/gardener-fields.md says which and why). A key that is no field of Gardener's is refused naming
-// it, unlike Gardener's non-strict decoder: a newer Gardener's field may change what the node must do,
-// and trellis cannot know. The schema checks shapes; desired.ts checks meaning.
+// (docs/gardener-fields.md says which and why). A key that is no field of Gardener's is dropped, as
+// Gardener's non-strict decoder drops it, and reported (desired.ts, with unknownKeys): a newer Gardener's
+// field must not block a pool, nor be passed over unsaid. The schema checks shapes; desired.ts checks meaning.
 import * as v from "valibot";
-import { notGardenerField, strictObject } from "./shapes.ts";
+import { object } from "./shapes.ts";
 import { CriConfigSchema } from "./cri-config.ts";
 
-export const oscObject = <const E extends v.ObjectEntries>(entries: E) => strictObject(entries, notGardenerField("OperatingSystemConfig"));
 /** A field for the control plane (extension controllers, gardenlet), not for the node: accepted, not read. */
 const controlPlaneOnly = v.optional(v.unknown());
 
 const unitCommand = v.picklist(["start", "restart", "stop"]);
 
-export const DropInSchema = oscObject({ name: v.string(), content: v.string() });
+export const DropInSchema = object({ name: v.string(), content: v.string() });
 
-export const UnitSchema = oscObject({
+export const UnitSchema = object({
   name: v.string(),
   command: v.optional(v.nullable(unitCommand)),
   enable: v.optional(v.nullable(v.boolean())),
@@ -25,14 +24,14 @@ export const UnitSchema = oscObject({
   filePaths: v.optional(v.nullable(v.array(v.string()))),
 });
 
-export const FileContentSchema = oscObject({
-  inline: v.optional(v.nullable(oscObject({ encoding: v.optional(v.string(), ""), data: v.string() }))),
-  secretRef: v.optional(v.nullable(oscObject({ name: v.string(), dataKey: v.string() }))),
-  imageRef: v.optional(v.nullable(oscObject({ image: v.string(), filePathInImage: v.string() }))),
+export const FileContentSchema = object({
+  inline: v.optional(v.nullable(object({ encoding: v.optional(v.string(), ""), data: v.string() }))),
+  secretRef: v.optional(v.nullable(object({ name: v.string(), dataKey: v.string() }))),
+  imageRef: v.optional(v.nullable(object({ image: v.string(), filePathInImage: v.string() }))),
   transmitUnencoded: v.optional(v.nullable(v.boolean())),
 });
 
-export const FileSchema = oscObject({
+export const FileSchema = object({
   path: v.string(),
   permissions: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0o7777)))),
   content: FileContentSchema,
@@ -41,18 +40,18 @@ export const FileSchema = oscObject({
 
 // Gardener's in-place node updates (gardenlet sets them for a pool with an in-place update strategy).
 // Times stay text: only whether they changed matters, as gardener-node-agent compares them.
-const rotationSchema = v.optional(v.nullable(oscObject({ lastInitiationTime: v.optional(v.nullable(v.string())) })));
-export const InPlaceUpdatesSchema = oscObject({
+const rotationSchema = v.optional(v.nullable(object({ lastInitiationTime: v.optional(v.nullable(v.string())) })));
+export const InPlaceUpdatesSchema = object({
   operatingSystemVersion: v.optional(v.string(), ""),
   kubelet: v.optional(v.string(), ""),
-  credentialsRotation: v.optional(v.nullable(oscObject({ certificateAuthorities: rotationSchema, serviceAccountKey: rotationSchema }))),
+  credentialsRotation: v.optional(v.nullable(object({ certificateAuthorities: rotationSchema, serviceAccountKey: rotationSchema }))),
 });
 
-export const OperatingSystemConfigSchema = oscObject({
+export const OperatingSystemConfigSchema = object({
   apiVersion: v.literal("extensions.gardener.cloud/v1alpha1"),
   kind: v.literal("OperatingSystemConfig"),
   metadata: controlPlaneOnly,
-  spec: oscObject({
+  spec: object({
     type: controlPlaneOnly,
     class: controlPlaneOnly,
     providerConfig: controlPlaneOnly,
@@ -64,7 +63,7 @@ export const OperatingSystemConfigSchema = oscObject({
   }),
   status: v.optional(
     v.nullable(
-      oscObject({
+      object({
         providerStatus: controlPlaneOnly,
         conditions: controlPlaneOnly,
         lastError: controlPlaneOnly,
@@ -76,7 +75,7 @@ export const OperatingSystemConfigSchema = oscObject({
         extensionUnits: v.optional(v.nullable(v.array(UnitSchema))),
         extensionFiles: v.optional(v.nullable(v.array(FileSchema))),
         inPlaceUpdates: v.optional(
-          v.nullable(oscObject({ osUpdate: v.optional(v.nullable(oscObject({ command: v.string(), args: v.optional(v.nullable(v.array(v.string()))) }))) })),
+          v.nullable(object({ osUpdate: v.optional(v.nullable(object({ command: v.string(), args: v.optional(v.nullable(v.array(v.string()))) }))) })),
         ),
       }),
     ),

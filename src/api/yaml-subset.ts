@@ -1,15 +1,16 @@
 // A fast path for the YAML that programs write: block mappings and sequences, one scalar per line,
 // double-quoted scalars in JSON's escapes (JSON.stringify's output, as the OSC benchmarks and many
-// generators write), literal block scalars (`|`, `|-`, `|+`, as Go's YAML writes multi-line text) and
-// plain scalars of a safe alphabet (names, paths, numbers, base64). The `yaml` package parses 1 MiB of
-// that in 140–400 ms of CPU, most of it in its general scalar and token machinery; read line by line it
-// takes a few ms. Anything outside the subset (folded scalars, flow collections other than [] and {},
-// anchors, aliases, tags, single quotes, comments after a value, tabs, CR, duplicate keys, a key that
-// is not a plain name, escapes JSON and YAML might read differently) makes it decline, and the document
+// generators write), literal block scalars (`|`, `|-`, `|+`, as Go's YAML writes multi-line text),
+// plain scalars of a safe alphabet (names, paths, numbers, base64) and flow collections of them on one
+// line (`[1, 2]`, `{a: b}`). The `yaml` package parses 1 MiB of that in 140–400 ms of CPU, most of it in
+// its general scalar and token machinery, and a megabyte of tiny flow items in 1.8 s and 440 MiB; read
+// line by line it takes a few ms. Anything outside the subset (folded scalars, flow collections over
+// several lines, anchors, aliases, tags, single quotes, comments after a value, tabs, CR, duplicate
+// keys, a key that is not a plain name, escapes JSON and YAML might read differently) makes it decline, and the document
 // goes through parseYaml's bounded parse as before: the subset gives exactly that parse's value or
 // nothing (test/unit/yaml-subset.test.ts holds it to this on the fixtures, Gardener's rendered OSC, the
 // fuzz corpus and generated documents).
-import { parse } from "yaml";
+import { Document, parse } from "yaml";
 
 /** A line of structure: its indentation, its text after it, and its index among the physical lines. */
 type Line = { indent: number; text: string; at: number };
@@ -30,6 +31,12 @@ const plainOther = /^[A-Za-z0-9_./+~-][A-Za-z0-9_./+=~:-]*$/;
 const stringEvidence = /[ghj-mpqrsuvwyGHJ-MPQRSUVWY/=]/;
 /** YAML 1.1's words that are not strings (y, no, null, false …) are at most this long. */
 const longestWord = 5;
+
+/**
+ * The tests by which the `yaml` package types a plain scalar in YAML 1.1 (its schema's default tags: null,
+ * bool, int, float, timestamp …); a plain scalar none of them matches is a string.
+ */
+const typedPlain = (new Document(null, { version: "1.1" }).schema.tags as { default?: unknown; test?: RegExp }[]).flatMap((t) => (t.default === true && t.test ? [t.test] : []));
 
 /**
  * What the `yaml` package makes of a plain scalar as a mapping's value (its type depends only on its
@@ -62,8 +69,6 @@ const trimSpaces = (s: string) => {
 
 function scalar(raw: string): unknown {
   const text = trimSpaces(raw);
-  if (text === "[]") return [];
-  if (text === "{}") return {};
   if (text.startsWith('"')) {
     // JSON's escapes read the same in YAML, except \/ (YAML 1.2 only) and \u, whose surrogates the two may
     // treat differently: those decline. JSON.parse takes one string token only, so `"a" "b"` declines too.
@@ -79,6 +84,72 @@ function scalar(raw: string): unknown {
   if (text.length > longestWord && (plainString.test(text) || (other && stringEvidence.test(text)))) return text;
   if (other) return resolvePlain(text);
   throw new Decline();
+}
+
+/** A plain scalar in a flow collection: the plain alphabet without ":" (which could start a mapping there). */
+const flowPlain = /[A-Za-z0-9_./+=~-]/;
+const plainKey = /^[A-Za-z_][A-Za-z0-9_./-]*$/;
+
+/** A plain key the full parse reads as this very string: not __proto__, nor a word YAML reads as another type (yes, null …). */
+const isStringKey = (key: string) => plainKey.test(key) && key !== "__proto__" && !typedPlain.some((test) => test.test(key));
+
+/**
+ * A flow collection on one line (`[1, "a", {k: v}]`) whose own depth is `depth`: scalars as scalar()
+ * takes them, keys as a block mapping's, a comma (and spaces) between entries, ": " after a key.
+ * Anything else — a comment, an anchor, a trailing comma, a key with no value, a second line — declines.
+ */
+function flowCollection(text: string, depth: number, maxDepth: number): unknown {
+  let at = 0;
+  const spaces = () => {
+    while (text.charCodeAt(at) === 32) at++;
+  };
+  // A double-quoted scalar up to its closing quote, or a run of the plain alphabet.
+  const token = (): string => {
+    const start = at;
+    if (text[at] === '"') {
+      for (at++; at < text.length && text[at] !== '"'; at += text[at] === "\\" ? 2 : 1);
+      if (at >= text.length) throw new Decline();
+      at++;
+    } else while (at < text.length && flowPlain.test(text[at] as string)) at++;
+    if (at === start) throw new Decline();
+    return text.slice(start, at);
+  };
+  const collection = (d: number): unknown[] | Record<string, unknown> => {
+    // The full parse counts the scalars inside as one level deeper, as block() does.
+    if (d >= maxDepth) throw new Decline();
+    const close = text[at] === "[" ? "]" : "}";
+    const seq: unknown[] = [];
+    const map: Record<string, unknown> = {};
+    const item = () => (text[at] === "[" || text[at] === "{" ? collection(d + 1) : scalar(token()));
+    at++;
+    spaces();
+    if (text[at] === close) {
+      at++;
+      return close === "]" ? seq : map;
+    }
+    for (;;) {
+      if (close === "]") seq.push(item());
+      else {
+        const key = token();
+        if (!isStringKey(key) || Object.hasOwn(map, key) || text[at] !== ":" || text[at + 1] !== " ") throw new Decline();
+        at += 2;
+        spaces();
+        map[key] = item();
+      }
+      spaces();
+      if (text[at] === close) {
+        at++;
+        return close === "]" ? seq : map;
+      }
+      if (text[at] !== ",") throw new Decline();
+      at++;
+      spaces();
+      if (text[at] === close) throw new Decline();
+    }
+  };
+  const value = collection(depth);
+  if (at !== text.length) throw new Decline();
+  return value;
 }
 
 const blockHeaders: Record<string, "clip" | "strip" | "keep"> = { "|": "clip", "|-": "strip", "|+": "keep" };
@@ -150,16 +221,10 @@ function contentLines(physical: readonly string[]): Line[] {
 const isItem = (text: string) => text === "-" || text.startsWith("- ");
 
 /**
- * At most this many of the full parse's lexical tokens per line of the subset (indentation, "-", a space,
- * the key, ":", a space, the scalar, trailing spaces, the line break; the test counts them).
- */
-export const maxTokensPerLine = 10;
-
-/**
  * The value of `text` in the subset, or undefined when it is not in the subset (or is empty). A document
- * the full parse could refuse for its depth or its number of tokens is declined, so that parse decides.
+ * the full parse could refuse for its depth is declined, so that parse decides.
  */
-export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTokens: number }): { value: unknown } | undefined {
+export function parseYamlSubset(text: string, limits: { maxDepth: number }): { value: unknown } | undefined {
   const { maxDepth } = limits;
   // Control characters (tabs and CR among them; parseYaml refuses most before), and the characters YAML
   // 1.1 reads as line breaks inside a quoted scalar (NEL, LS, PS).
@@ -168,13 +233,14 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
     const physical = text.split("\n");
     const endsWithBreak = physical.at(-1) === "";
     if (endsWithBreak) physical.pop();
-    if (physical.length >= Math.floor(limits.maxTokens / maxTokensPerLine) - 1) throw new Decline();
     const lines = contentLines(physical);
     let i = 0;
 
-    // A scalar on the line of structure i-1, which sits in a node indented `parent`.
-    const scalarAt = (raw: string, parent: number): unknown => {
-      const chomp = blockHeaders[trimSpaces(raw)];
+    // A scalar (or flow collection) on the line of structure i-1, which sits in a node indented `parent`; `depth`: its own.
+    const scalarAt = (raw: string, parent: number, depth: number): unknown => {
+      const text = trimSpaces(raw);
+      if (text.startsWith("[") || text.startsWith("{")) return flowCollection(text, depth, maxDepth);
+      const chomp = blockHeaders[text];
       if (!chomp) return scalar(raw);
       const block = literalBlock(physical, (lines[i - 1] as Line).at, parent, chomp, endsWithBreak);
       while (i < lines.length && (lines[i] as Line).at < block.next) i++;
@@ -205,10 +271,10 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
         const m = keyPattern.exec(line.text);
         if (!m) throw new Decline();
         const key = m[1] as string;
-        if (key === "__proto__" || keys.has(key) || (key.length <= longestWord && resolvePlain(key) !== key)) throw new Decline();
+        if (!isStringKey(key) || keys.has(key)) throw new Decline();
         keys.add(key);
         i++;
-        map[key] = m[2] === undefined || trimSpaces(m[2]) === "" ? nested(indent, depth, true) : scalarAt(m[2], indent);
+        map[key] = m[2] === undefined || trimSpaces(m[2]) === "" ? nested(indent, depth, true) : scalarAt(m[2], indent, depth + 1);
       }
       return map;
     };
@@ -230,7 +296,7 @@ export function parseYamlSubset(text: string, limits: { maxDepth: number; maxTok
           seq.push(mapping(column, depth + 1));
         } else {
           i++;
-          seq.push(scalarAt(rest, indent));
+          seq.push(scalarAt(rest, indent, depth + 1));
         }
       }
       if (lines[i] && (lines[i] as Line).indent > indent) throw new Decline();

@@ -1,47 +1,52 @@
-// YAML read from outside (the OSC Secret, `trellis plan --osc`, the agent's config) is parsed within
-// bounds, so that a small hostile or careless document cannot keep the agent busy for minutes or take
-// gigabytes: the `yaml` package's plain parse spends quadratic time on large mappings (its duplicate-key
-// check), on aliases of deep structures (its alias-count check), and hundreds of bytes of memory per
-// token. Measured with yaml 2.9.1: 20 000 keys 3.5 s, 70 000 flow keys 72 s, an 8 KB nest of 4000
-// brackets with one alias 2 s and 550 MB, a 1 MiB flow list 2.3 s and 430 MB.
+// YAML read from outside (the OSC Secret, `trellis plan --osc`, the agent's config) is read as
+// gardener-node-agent's decoder reads it (sigs.k8s.io/yaml over go-yaml v2: YAML 1.1, anchors, aliases and
+// merge keys, a key given twice taking its later value) and within bounds, so that a careless document
+// cannot take the agent's memory or keep it busy for minutes.
 //
-// So: bytes are capped and must be UTF-8 (Go's decoder, which Gardener uses, refuses anything else);
-// lexical tokens are counted while parsing and parsing stops at the limit; then one pass over the
-// document checks nesting depth, duplicate keys (in linear time), recursive aliases and what the
-// aliases expand to; only then is it turned into plain values, with the package's own alias check off.
-import { Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser } from "yaml";
-import type { Result } from "./result.ts";
+// The bounds: the bytes of a Secret (1 MiB; they bound the number of tokens too: the lexer makes at most
+// 1.5 a byte) and UTF-8 (Go's decoder refuses anything else); nesting 64 deep (Go's: 10 000; Gardener's OSC
+// is 7 deep); what aliases expand to (Go bounds their share of the decoded nodes); the first syntax error
+// ends the parse (a megabyte of errors took 860 MB). Then one pass over the document checks nesting, keys
+// and aliases, and one more turns it into plain values with Go's semantics (the `yaml` package's own
+// toJS keeps the first of two keys and lets no merge replace a key given before it). The `yaml` package
+// spends quadratic time on large mappings (its duplicate-key check) and on aliases of deep structures
+// (its alias-count check): both are off here; bench:yaml measures what is left (README).
+import { type Alias, Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser, type YAMLError, type YAMLMap } from "yaml";
+import { fieldPath } from "./issues.ts";
 import { parseYamlSubset } from "./yaml-subset.ts";
 
 export type YamlLimits = {
   /** UTF-8 bytes of the document. */
   maxBytes: number;
-  /** Lexical tokens (a scalar, an indicator, a run of spaces, a line break: each one). */
-  maxTokens: number;
   /** Nesting of mappings and sequences. */
   maxDepth: number;
-  maxAliases: number;
-  /** Nodes of the document with every alias expanded, as the schema check then walks it. */
-  maxExpandedNodes: number;
-  /** Characters of scalars with every alias expanded. */
-  maxExpandedChars: number;
+  /** Nodes that aliases add to the document, each alias counting what its anchor expands to. */
+  maxAliasNodes: number;
+  /** Characters of scalars that aliases add. */
+  maxAliasChars: number;
 };
 
 /**
- * The OSC: a Secret holds at most 1 MiB of data; a large OSC (500 files, 50 units, 1 MiB) has 26 000
- * tokens, 11 000 nodes and depth 7; Gardener never writes aliases.
+ * The OSC: a Secret holds at most 1 MiB of data (kube-apiserver's MaxSecretSize). Aliases may add 500 000
+ * nodes (go-yaml v2 lets aliases make 99 % of up to 400 000 decoded nodes) and 64 MiB of text: a
+ * billion laughs stops there, a real OSC that anchors a large file's content for a few files does not.
  */
 export const oscYamlLimits: YamlLimits = {
-  maxBytes: 2 << 20,
-  maxTokens: 300_000,
+  maxBytes: 1 << 20,
   maxDepth: 64,
-  maxAliases: 1000,
-  maxExpandedNodes: 500_000,
-  maxExpandedChars: 16 << 20,
+  maxAliasNodes: 500_000,
+  maxAliasChars: 64 << 20,
 };
 
+/**
+ * A parsed document, and the keys whose value a later one replaced (a key given twice in a mapping, or
+ * before a merge key that brings it too), as Go's decoder replaces them: one line each, naming the key's
+ * path and the lines.
+ */
+export type YamlResult = { ok: true; value: unknown; replaced: string[] } | { ok: false; errors: string[] };
+
 /** Bytes → text: within the size cap and valid UTF-8, or an error naming `source`. */
-export function decodeYamlBytes(bytes: Uint8Array, source: string, limits: Pick<YamlLimits, "maxBytes"> = oscYamlLimits): Result<string> {
+export function decodeYamlBytes(bytes: Uint8Array, source: string, limits: Pick<YamlLimits, "maxBytes"> = oscYamlLimits): { ok: true; value: string } | { ok: false; errors: string[] } {
   if (bytes.byteLength > limits.maxBytes) return { ok: false, errors: [`${source}: is ${bytes.byteLength} bytes, more than the limit of ${limits.maxBytes}`] };
   try {
     return { ok: true, value: new TextDecoder("utf-8", { fatal: true }).decode(bytes) };
@@ -51,45 +56,59 @@ export function decodeYamlBytes(bytes: Uint8Array, source: string, limits: Pick<
 }
 
 class LimitExceeded extends Error {}
+class FirstError extends Error {}
 
 /**
  * Parses one YAML document as Go's yaml reads Gardener's files (YAML 1.1: 0644 is octal, yes/no are
  * booleans), within `limits`. Errors name `source`, and the line and column where YAML says where.
  */
-export function parseYaml(text: string, source: string, limits: YamlLimits = oscYamlLimits): Result<unknown> {
-  const fail = (msg: string): Result<unknown> => ({ ok: false, errors: [`${source}: ${msg}`] });
+export function parseYaml(text: string, source: string, limits: YamlLimits = oscYamlLimits): YamlResult {
+  const fail = (msg: string): YamlResult => ({ ok: false, errors: [`${source}: ${msg}`] });
   // Characters are at most bytes: a text within the byte cap passes, a larger one is refused before any work.
   if (text.length > limits.maxBytes) return fail(`is more than ${limits.maxBytes} bytes`);
   const control = unprintable.exec(text);
   if (control) return fail(`not valid YAML: the control character U+${(control[0].codePointAt(0) as number).toString(16).toUpperCase().padStart(4, "0")} is not allowed${lineAndColumn(text, control.index)}`);
   const simple = parseYamlSubset(text, limits);
-  return simple ? { ok: true, value: simple.value } : parseYamlFully(text, source, limits);
+  return simple ? { ok: true, value: simple.value, replaced: [] } : parseYamlFully(text, source, limits);
 }
 
 /** parseYaml without the subset's fast path (test/unit/yaml-subset.test.ts compares the two). */
-export function parseYamlFully(text: string, source: string, limits: YamlLimits = oscYamlLimits): Result<unknown> {
-  const fail = (msg: string): Result<unknown> => ({ ok: false, errors: [`${source}: ${msg}`] });
+export function parseYamlFully(text: string, source: string, limits: YamlLimits = oscYamlLimits): YamlResult {
+  const fail = (msg: string): YamlResult => ({ ok: false, errors: [`${source}: ${msg}`] });
   const lines = new LineCounter();
+  const at = (offset: number) => {
+    const pos = lines.linePos(offset);
+    return ` at line ${pos.line}, column ${pos.col}`;
+  };
+  const syntaxError = (error: YAMLError) => fail(`not valid YAML: ${error.message.split("\n")[0]}${at(error.pos[0])}`);
   const docs: Document.Parsed[] = [];
+  const composer = new Composer({ version: "1.1", uniqueKeys: false });
+  // The composer's error hook (a plain property, private in the package's types): the first error ends
+  // the parse, where the composer would go on to collect every one (a megabyte of commas: a million).
+  const hook = composer as unknown as { onError: (...args: unknown[]) => void; errors: YAMLError[] };
+  const record = hook.onError;
+  hook.onError = (...args) => {
+    record(...args);
+    if (hook.errors.length > 0) throw new FirstError();
+  };
   try {
-    const composer = new Composer({ version: "1.1", uniqueKeys: false });
-    for (const doc of composer.compose(boundedTokens(text, lines, limits), true, text.length)) docs.push(doc);
+    for (const doc of composer.compose(depthBoundedTokens(text, lines, limits), true, text.length)) docs.push(doc);
   } catch (err) {
     if (err instanceof LimitExceeded) return fail(err.message);
+    const error = hook.errors[0];
+    if (err instanceof FirstError && error) return syntaxError(error);
     throw err;
   }
   if (docs.length > 1) return fail("holds more than one YAML document");
   const doc = docs[0];
   if (!doc || doc.contents === null) return fail("is empty");
-  const at = (offset: number) => {
-    const pos = lines.linePos(offset);
-    return ` at line ${pos.line}, column ${pos.col}`;
-  };
+  // Errors of the parser's own (an unexpected token) reach the document without the hook.
   const error = doc.errors[0];
-  if (error) return fail(`not valid YAML: ${error.message.split("\n")[0]}${at(error.pos[0])}`);
-  const problem = checkStructure(doc.contents, limits, at);
-  if (problem) return fail(problem);
-  return { ok: true, value: doc.toJS({ maxAliasCount: -1 }) };
+  if (error) return syntaxError(error);
+  const checked = checkStructure(doc.contents, limits);
+  if (typeof checked === "string") return fail(checked);
+  const built = toValues(doc.contents, checked, (offset) => lines.linePos(offset).line);
+  return typeof built === "string" ? fail(built) : { ok: true, ...built };
 }
 
 // YAML 1.1's printable characters, as Go's reader (which Gardener's OSC goes through) checks them: any
@@ -103,13 +122,11 @@ const lineAndColumn = (text: string, offset: number): string => {
 
 // Flow brackets are lexemes of their own (inside a quoted or plain scalar they are part of the scalar's
 // lexeme), so their nesting is known while lexing: a deep nest is refused before it is built.
-function* boundedTokens(text: string, lines: LineCounter, limits: YamlLimits) {
+function* depthBoundedTokens(text: string, lines: LineCounter, limits: YamlLimits) {
   const parser = new Parser(lines.addNewLine);
   lines.addNewLine(0);
-  let tokens = 0;
   let flowDepth = 0;
   for (const lexeme of new Lexer().lex(text)) {
-    if (++tokens > limits.maxTokens) throw new LimitExceeded(`has more than ${limits.maxTokens} YAML tokens`);
     if (lexeme === "[" || lexeme === "{") {
       if (++flowDepth > limits.maxDepth) throw new LimitExceeded(`is nested more than ${limits.maxDepth} levels deep`);
     } else if (lexeme === "]" || lexeme === "}") flowDepth--;
@@ -122,50 +139,60 @@ function* boundedTokens(text: string, lines: LineCounter, limits: YamlLimits) {
 // bytes, a YAML 1.1 timestamp) would be turned into some string of the yaml package's choosing.
 const keyProblem = "has a mapping key that is not a scalar (or is a !!binary or timestamp one)";
 const isPlainScalar = (node: unknown): boolean => isScalar(node) && (node.value === null || typeof node.value !== "object");
+// The yaml package reads a plain `<<` key of YAML 1.1 as this symbol (a quoted "<<" is a string, as in Go).
+const isMergeKey = (node: unknown): boolean => isScalar(node) && typeof node.value === "symbol";
 
 type Frame = { node: Node; depth: number; children: Node[]; next: number; nodes: number; chars: number };
+/** Each alias and the node it names (the last one before it carrying its anchor, as Go resolves it). */
+type AliasTargets = Map<Alias, Node>;
 
-/** Depth, duplicate keys, keys that are not scalars, recursive aliases and the expanded size, in one pass. */
-function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: number) => string): string | undefined {
-  if (root === null) return undefined;
-  // The last node carrying each anchor so far, as the yaml package resolves an alias; sizes once closed.
+/** Depth, keys that are not scalars, recursive aliases and what aliases add, in one pass: a problem, or the aliases' targets. */
+function checkStructure(root: Node, limits: YamlLimits): AliasTargets | string {
   const anchors = new Map<string, Node>();
+  const targets: AliasTargets = new Map();
+  // What each anchored node expands to, once closed.
   const sizes = new Map<Node, { nodes: number; chars: number }>();
   const open = new Set<Node>();
   // Aliases used as mapping keys: one that names anything but a plain scalar is refused like such a key.
   const aliasKeys = new Set<Node>();
-  let aliases = 0;
-  let total = { nodes: 0, chars: 0 };
+  const added = { nodes: 0, chars: 0 };
   const stack: Frame[] = [];
+  const count = (nodes: number, chars: number) => {
+    const frame = stack.at(-1);
+    if (frame) {
+      frame.nodes += nodes;
+      frame.chars += chars;
+    }
+  };
   const enter = (node: Node, depth: number): string | undefined => {
     if (depth > limits.maxDepth) return `is nested more than ${limits.maxDepth} levels deep`;
     if (node.anchor) anchors.set(node.anchor, node);
     if (isAlias(node)) {
-      if (++aliases > limits.maxAliases) return `has more than ${limits.maxAliases} aliases`;
       const target = anchors.get(node.source);
       if (!target) return `alias *${node.source} has no anchor before it`;
       if (open.has(target)) return `alias *${node.source} refers to a node that contains it`;
       if (aliasKeys.has(node) && !isPlainScalar(target)) return keyProblem;
+      targets.set(node, target);
       const size = sizes.get(target) as { nodes: number; chars: number };
-      return add(size.nodes, size.chars);
+      added.nodes += size.nodes;
+      added.chars += size.chars;
+      if (added.nodes > limits.maxAliasNodes) return `expands to more than ${limits.maxAliasNodes} nodes more through aliases`;
+      if (added.chars > limits.maxAliasChars) return `expands to more than ${limits.maxAliasChars} characters more through aliases`;
+      count(size.nodes, size.chars);
+      return undefined;
     }
     if (isScalar(node)) {
       const chars = typeof node.source === "string" ? node.source.length : String(node.value).length;
       if (node.anchor) sizes.set(node, { nodes: 1, chars });
-      return add(1, chars);
+      count(1, chars);
+      return undefined;
     }
     if (isMap(node)) {
-      const keys = new Set<string>();
       const children: Node[] = [];
       for (const pair of node.items) {
         if (!isPair(pair)) continue;
         const key = pair.key as Node | null;
         if (key !== null && !isPlainScalar(key) && !isAlias(key)) return keyProblem;
-        const id = isScalar(key) ? `${typeof key.value}:${String(key.value)}` : key === null ? "null" : undefined;
-        if (id !== undefined) {
-          if (keys.has(id)) return `has the mapping key ${JSON.stringify(String(isScalar(key) ? key.value : null))} twice${key?.range ? at(key.range[0]) : ""}`;
-          keys.add(id);
-        }
         if (isAlias(key)) aliasKeys.add(key);
         if (key !== null) children.push(key);
         if (pair.value !== null) children.push(pair.value as Node);
@@ -173,18 +200,6 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
       return push(node, depth, children);
     }
     if (isSeq(node)) return push(node, depth, node.items.filter((i): i is Node => i !== null) as Node[]);
-    return undefined;
-  };
-  const add = (nodes: number, chars: number): string | undefined => {
-    const frame = stack.at(-1);
-    if (frame) {
-      frame.nodes += nodes;
-      frame.chars += chars;
-    } else total = { nodes, chars };
-    // Every frame's count ends up in the total: checking the running sum bounds the work as it happens.
-    const running = stack.reduce((n, f) => n + f.nodes, 0) + total.nodes;
-    if (running > limits.maxExpandedNodes) return `expands to more than ${limits.maxExpandedNodes} nodes (through aliases)`;
-    if (stack.reduce((n, f) => n + f.chars, 0) + total.chars > limits.maxExpandedChars) return `expands to more than ${limits.maxExpandedChars} characters (through aliases)`;
     return undefined;
   };
   const push = (node: Node, depth: number, children: Node[]): undefined => {
@@ -203,9 +218,81 @@ function checkStructure(root: Node | null, limits: YamlLimits, at: (offset: numb
     stack.pop();
     open.delete(frame.node);
     if (frame.node.anchor) sizes.set(frame.node, { nodes: frame.nodes, chars: frame.chars });
-    problem = add(frame.nodes, frame.chars);
+    count(frame.nodes, frame.chars);
   }
-  return problem;
+  return problem ?? targets;
+}
+
+class MergeProblem extends Error {}
+
+/**
+ * The document as plain values, as go-yaml v2 decodes it into Go maps and slices: a mapping's entries in
+ * order, each setting its key (a later one replaces an earlier one); a merge key (`<<`) setting every key
+ * of its mapping, or of its sequence of mappings (the earlier one winning), where it stands. An anchored
+ * node is turned into values once: its aliases share them (checkStructure bounded what they add).
+ */
+function toValues(root: Node, targets: AliasTargets, lineOf: (offset: number) => number): { value: unknown; replaced: string[] } | string {
+  const replaced: string[] = [];
+  const shared = new Map<Node, unknown>();
+  const value = (node: Node | null, path: string): unknown => {
+    if (node === null) return null;
+    const target = isAlias(node) ? (targets.get(node) as Node) : node;
+    if (shared.has(target)) return shared.get(target);
+    const out = isMap(target) ? mapping(target, path) : isSeq(target) ? target.items.map((item, i) => value(item as Node | null, fieldPath(path, i))) : isScalar(target) ? target.value : null;
+    if (target.anchor) shared.set(target, out);
+    return out;
+  };
+  const mapping = (node: YAMLMap, path: string): Record<string, unknown> => {
+    const out: Record<string, unknown> = {};
+    // The keys set by an entry of this mapping itself (not by a merge), with the line of that entry.
+    const given = new Map<string, number>();
+    const replace = (key: string, line: number, by: string) => {
+      const earlier = given.get(key);
+      if (earlier !== undefined) replaced.push(`${fieldPath(path, key)}: the value at line ${earlier} is replaced by ${by} at line ${line}`);
+    };
+    for (const pair of node.items) {
+      const keyNode = pair.key as Node | null;
+      const line = lineOf(keyNode?.range?.[0] ?? node.range?.[0] ?? 0);
+      if (isMergeKey(keyNode)) {
+        for (const [key, v] of Object.entries(merged(pair.value as Node | null, path, line))) {
+          replace(key, line, "the merge key (<<)");
+          given.delete(key);
+          setKey(out, key, v);
+        }
+        continue;
+      }
+      const keyValue = isAlias(keyNode) ? (targets.get(keyNode) as Node) : keyNode;
+      const key = String((isScalar(keyValue) ? keyValue.value : null) ?? "");
+      replace(key, line, "the key given again");
+      given.set(key, line);
+      setKey(out, key, value(pair.value as Node | null, fieldPath(path, key)));
+    }
+    return out;
+  };
+  // A merge key's value: a mapping, or a sequence of mappings whose earlier entries win (aliases of mappings alike).
+  const merged = (node: Node | null, path: string, line: number): Record<string, unknown> => {
+    const mappingOf = (n: Node | null): Record<string, unknown> => {
+      const target = n !== null && isAlias(n) ? (targets.get(n) as Node) : n;
+      if (!isMap(target)) throw new MergeProblem(`${path === "" ? "the document" : path}: the merge key (<<) at line ${line} needs a mapping or a sequence of mappings, as gardener-node-agent's decoder does`);
+      return value(n, path) as Record<string, unknown>;
+    };
+    if (node === null || !isSeq(node)) return mappingOf(node);
+    const out: Record<string, unknown> = {};
+    for (const item of [...node.items].reverse()) for (const [key, v] of Object.entries(mappingOf(item as Node | null))) setKey(out, key, v);
+    return out;
+  };
+  try {
+    return { value: value(root, ""), replaced };
+  } catch (err) {
+    if (err instanceof MergeProblem) return err.message;
+    throw err;
+  }
+}
+
+/** Sets an own property, "__proto__" included (an assignment would set the object's prototype). */
+function setKey(o: Record<string, unknown>, key: string, v: unknown): void {
+  if (key === "__proto__") Object.defineProperty(o, key, { value: v, writable: true, enumerable: true, configurable: true });
+  else o[key] = v;
 }
 
 function firstInvalidUtf8(bytes: Uint8Array): number {

@@ -39,6 +39,8 @@ export type NodeInputs = {
   provenance?: Provenance;
   /** Asks the node's containerd for its version; default: its API on /run/containerd/containerd.sock under the root. */
   containerdVersion?: () => Promise<string>;
+  /** What parsing the OSC did not read (parseOsc's `ignored`): reported with the rest of `unsupported`. */
+  ignored?: readonly string[];
 };
 
 /** At most this many images are fetched at once: enough to overlap round trips, few enough for a small node. */
@@ -70,15 +72,16 @@ export async function desiredForNode(osc: OperatingSystemConfig, source: string,
   const images = await fetchImages(osc, inputs, hostsToml);
   const resolved = resolveDesired(osc, { hostName: inputs.hostName, secrets, images, source, ...(inputs.provenance ? { provenance: inputs.provenance } : {}) });
   if (!resolved.ok) return { ...resolved, retry: [...images.values()].some((i) => !i.ok) };
+  const base: Desired = { ...resolved.value, unsupported: [...(inputs.ignored ?? []), ...resolved.value.unsupported] };
   let desired: Desired;
   let waitingFor: RegistryWait[] = [];
   if (!cd) {
     const other = osc.spec.criConfig?.name;
     // Like gardener-node-agent, trellis configures only containerd; another CRI is said, not refused.
     const unsupported = other && other !== "containerd" ? [`${source}: spec.criConfig.name: "${other}" is not configured by trellis (only containerd is)`] : [];
-    desired = { ...resolved.value, unsupported: [...resolved.value.unsupported, ...unsupported] };
+    desired = { ...base, unsupported: [...base.unsupported, ...unsupported] };
   } else {
-    const merged = withContainerd(resolved.value, cd.value, criWhere);
+    const merged = withContainerd(base, cd.value, criWhere);
     if (!merged.ok) return { ok: false, errors: merged.errors.map((e) => inSource(source, e)), retry: false };
     desired = merged.value;
     waitingFor = cd.value.pendingRegistries.map((registry) => ({ registry, why: cd.notReady.get(registry) ?? "not probed" }));

@@ -34,9 +34,10 @@ export function configFileIn(dir: string): string {
   throw new ConfigError(`--config-dir ${dir}: no config-v${version}.yaml, config-*.yaml or config.yaml in it`);
 }
 
-export function loadAgentConfig(dir: string): { file: string; config: NodeAgentConfiguration } {
+/** `ignored`: what the configuration holds that is not acted on (keys Gardener's type does not have), to be said. */
+export function loadAgentConfig(dir: string): { file: string; config: NodeAgentConfiguration; ignored: string[] } {
   const file = configFileIn(dir);
   const r = parseAgentConfig(readFileSync(file, "utf8"), file);
   if (!r.ok) throw new ConfigError(`invalid configuration:\n  ${r.errors.join("\n  ")}`);
-  return { file, config: r.config };
+  return { file, config: r.config, ignored: r.ignored };
 }

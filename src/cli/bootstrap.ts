@@ -60,9 +60,10 @@ export async function run(args: string[]): Promise<number> {
   const waitMs = values.wait === undefined ? defaultWaitMs : parseGoDuration(values.wait);
   if (waitMs === undefined || waitMs <= 0) throw new UsageError(`--wait ${values.wait}: not a positive duration (e.g. 15m, 90s)`);
   const configDir = resolve(values["config-dir"]);
-  const { file, config } = loadAgentConfig(configDir);
+  const { file, config, ignored } = loadAgentConfig(configDir);
   const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel }).with({ command: "bootstrap" });
   log.info("bootstrap starting", { config: file });
+  for (const field of ignored) log.warn("configuration field not acted on", { config: file, field });
   const files = createFiles("/");
   // Steps a and b write the agent's credentials: not while an agent (or apply) runs. Released before c starts the agent.
   const lock = await lockStateDir(stateLockPath, "bootstrap");

@@ -7,7 +7,8 @@ import { UsageError } from "./errors.ts";
 const help = `usage: trellis check-config --config-dir DIR
 
 Finds and validates the NodeAgentConfiguration this version of trellis would use in DIR, prints
-the file it chose, and exits 0; exits 1 naming the file and field when it cannot be used.`;
+the file it chose (and each key in it that is not acted on), and exits 0; exits 1 naming the file
+and field when it cannot be used.`;
 
 export async function run(args: string[]): Promise<number> {
   const { values } = parseArgs({ args, options: { "config-dir": { type: "string" }, help: { type: "boolean", default: false } } });
@@ -16,7 +17,8 @@ export async function run(args: string[]): Promise<number> {
     return 0;
   }
   if (!values["config-dir"]) throw new UsageError(`--config-dir is required\n\n${help}`);
-  const { file } = loadAgentConfig(values["config-dir"]);
+  const { file, ignored } = loadAgentConfig(values["config-dir"]);
   console.log(`configuration ${file} is valid`);
+  for (const field of ignored) console.log(`note: ${field}`);
   return 0;
 }

@@ -46,7 +46,7 @@ export async function readOscFile(path: string, files: Files, log: Logger, opts:
   const cacheDir = opts.imageCache === "node" ? hostPathUnder(files.root, paths.imageCache) : await mkdtemp(join(tmpdir(), "trellis-plan-images-"));
   try {
     const images = createImageStore({ cacheDir, hostsDir: hostPathUnder(files.root, paths.containerdHostsDir), arch: archOf(process.arch), log });
-    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: agentHostName(opts.host), images, log, provenance: layered.value.provenance });
+    const resolved = await desiredForNode(layered.value.osc, source, { files, hostName: agentHostName(opts.host), images, log, provenance: layered.value.provenance, ignored: parsed.ignored });
     if (!resolved.ok) throw new OscInputError(resolved.errors.join("\n"));
     return {
       bytes,

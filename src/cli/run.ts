@@ -59,8 +59,9 @@ export async function run(args: string[]): Promise<number> {
   }
   if (!values["config-dir"]) throw new UsageError(`--config-dir is required\n\n${help}`);
   const configDir = values["config-dir"];
-  const { file, config } = loadAgentConfig(configDir);
+  const { file, config, ignored } = loadAgentConfig(configDir);
   const log = createLogger({ level: config.logLevel });
+  for (const field of ignored) log.warn("configuration field not acted on", { config: file, field });
   const runtime = runtimeSettings();
   if (runtime.warning) log.warn(runtime.warning, { reason: runtime.reason });
   const hostName = agentHostName(values.hostname);

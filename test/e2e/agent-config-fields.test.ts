@@ -1,6 +1,7 @@
 // The compiled binary with NodeAgentConfiguration fields it cannot honour (docs/gardener-fields.md):
 // `check-config` and `run` each refuse the file with one line naming the field, before anything is read
-// from the API or written to the node; the fields it honours in part pass. (`bootstrap` reads the file the
+// from the API or written to the node; the fields it honours in part pass, and a key Gardener's type does
+// not have is ignored, as gardener-node-agent ignores it, and named. (`bootstrap` reads the file the
 // same way, first thing; it is not run here, on the host's own root.)
 import { afterAll, describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
@@ -28,7 +29,6 @@ describe("the compiled binary", () => {
     ["logFormat", "logFormat: text\n"],
     ["featureGates", "featureGates: {SomeGate: false}\n"],
     ["debugging.enableProfiling", "debugging: {enableProfiling: true}\n"],
-    ["spec", "spec: {}\n"],
   ])("refuses %s in check-config and run, naming it", async (field, extra) => {
     const dir = configDir(minimal + extra);
     const bin = await trellisBinary();
@@ -39,6 +39,13 @@ describe("the compiled binary", () => {
     }
     expect(readFileSync(`${dir}/config.yaml`, "utf8")).toBe(minimal + extra);
   }, 120_000);
+
+  test("check-config accepts a key Gardener's type does not have, as gardener-node-agent does, and names it", async () => {
+    const dir = configDir(`${minimal}spec: {}\n`);
+    const out = await runOk([await trellisBinary(), "check-config", "--config-dir", dir]);
+    expect(out).toContain("is valid");
+    expect(out).toContain(`note: ${dir}/config.yaml: spec: not a field of Gardener v1.150's NodeAgentConfiguration; ignored, as gardener-node-agent ignores it`);
+  }, 60_000);
 
   test("check-config accepts Gardener's zero values and an older Gardener's caBundle", async () => {
     const pem = readFileSync("/etc/ssl/certs/ca-certificates.crt", "utf8").split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----\n";

@@ -79,7 +79,7 @@ describe("the agent follows the OSC Secret", () => {
     ["bad base64", bad((o) => (o.spec.files[1].content.inline.data = "!!not base64")), "spec.files[1] (/etc/ticker/message).content.inline.data: not valid base64"],
     ["a relative path", bad((o) => (o.spec.files[1].path = "etc/ticker/message")), "spec.files[1] (etc/ticker/message): path is not absolute"],
     ["a .. path", bad((o) => (o.spec.files[1].path = "/etc/../root/.ssh/authorized_keys")), 'path has a "." or ".." segment'],
-    ["duplicate paths", bad((o) => o.spec.files.push(structuredClone(o.spec.files[0]))), "duplicate path, also in spec.files[0]"],
+    ["a drop-in name leaving its directory", bad((o) => (o.spec.units[1].dropIns = [{ name: "../../evil.service", content: "" }])), "name must be a file name in"],
     ["a unit name with /", bad((o) => (o.spec.units[1].name = "../evil.service")), "unit ../evil.service: name must be a systemd unit name"],
     ["an unknown encoding", bad((o) => (o.spec.files[1].content.inline.encoding = "gzip")), 'unknown encoding "gzip"'],
     ["a missing secretRef", bad((o) => o.spec.files.push({ path: "/etc/from-secret", content: { secretRef: { name: "missing-secret", dataKey: "x" } } })), "secret kube-system/missing-secret not found"],

@@ -13,7 +13,7 @@ import { run, runDir } from "../harness/exec.ts";
 import { fingerprint } from "../harness/fingerprint.ts";
 import { type Registry, startRegistry } from "../harness/registry.ts";
 
-/** Bounds per case: the slowest case (the 2 MiB OSC) takes about 0.3 s and 90 MB on this 2-core machine. */
+/** Bounds per case: the slowest case (a missing or tampered image) takes about 1.2 s, the largest (aliases of a 512 KB string) 66 MB on this 2-core machine. */
 const maxSeconds = 10;
 const maxRssMb = 250;
 

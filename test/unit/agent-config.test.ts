@@ -129,12 +129,28 @@ controllers:
     ["a kubelet data volume of no size", minimal + "bootstrap: {kubeletDataVolumeSize: 0}\n", "bootstrap.kubeletDataVolumeSize:"],
     ["a caBundle that is no PEM", minimal + "apiServer: {caBundle: aGVsbG8=}\n", "apiServer.caBundle: not base64 of a PEM certificate bundle"],
     ["caFile and caBundle", minimal + `apiServer: {caFile: /ca.crt, caBundle: ${Buffer.from(pem).toString("base64")}}\n`, "apiServer: caFile and caBundle are both set"],
-    ["an unknown field", minimal + "logLevle: debug\n", "logLevle: unknown field: not in Gardener v1.150's NodeAgentConfiguration"],
-    ["an unknown nested field", minimal + "apiServer: {servr: https://x}\n", "apiServer.servr: unknown field"],
   ])("%s is rejected naming the field", (_name, text, expected) => {
     const r = parseAgentConfig(text, "config.yaml");
     expect(r.ok).toBe(false);
     if (!r.ok) expect(r.errors.join("\n")).toContain(expected);
+  });
+
+  // gardener-node-agent decodes its configuration as it decodes the OSC, not strictly (cmd/gardener-node-agent/app/options.go).
+  test.each([
+    ["an unknown field", "logLevle: debug\n", "logLevle"],
+    ["an unknown nested field", "apiServer: {servr: https://x}\n", "apiServer.servr"],
+    ["an unknown field of a controller", "  token: {syncConfigs: [], resync: 1m}\n", "controllers.token.resync"],
+  ])("%s is ignored as gardener-node-agent ignores it, and named", (_name, text, field) => {
+    const r = parseAgentConfig(minimal + text, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.ignored).toEqual([`config.yaml: ${field}: not a field of Gardener v1.150's NodeAgentConfiguration; ignored, as gardener-node-agent ignores it`]);
+  });
+
+  test("trellis's own controllers.healthCheck and controllers.drift are fields, not ignored", () => {
+    const r = parseAgentConfig(`${minimal}  healthCheck: {syncPeriod: 10s}\n  drift: {mode: report}\n`, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.ignored).toEqual([]);
+    expect(r.config.controllers.drift.mode).toBe("report");
   });
 });
 

@@ -138,10 +138,58 @@ status:
     ["status", "spec: {}\nstatus:\n  nodeHints: {}\n", "status.nodeHints"],
     ["the top level", "spec: {}\nextra: 1\n", "extra"],
     ["criConfig", "spec:\n  criConfig: {name: containerd, snapshotter: overlayfs}\n", "spec.criConfig.snapshotter"],
-  ])("a field Gardener's OSC does not have, in %s, is refused naming it", (_where, body, field) => {
+    ["a registry of criConfig", "spec:\n  criConfig: {name: containerd, containerd: {registries: [{upstream: a.io, weight: 1}]}}\n", "spec.criConfig.containerd.registries[0].weight"],
+  ])("a field Gardener's OSC does not have, in %s, is dropped as gardener-node-agent drops it, and named", (_where, body, field) => {
     const r = parseOsc(`${HEAD}${body}`, SOURCE);
-    expect(r.ok).toBe(false);
-    if (!r.ok) expect(r.errors.join("\n")).toContain(`${SOURCE}: ${field}: unknown field: not in Gardener v1.150's OperatingSystemConfig`);
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.ignored).toEqual([`${SOURCE}: ${field}: not a field of Gardener v1.150's OperatingSystemConfig; ignored, as gardener-node-agent ignores it`]);
+    expect(JSON.stringify(r.value)).not.toContain(field.split(".").at(-1) as string);
+  });
+
+  test("unknown fields are named where they are, each once, what lies below one not looked at; the rest is read", () => {
+    const r = parseOsc(
+      `${HEAD}x-defaults: &file {permissions: 0644, owner: root}
+spec:
+  units:
+  - {name: a.service, contents: x, dropIns: [{name: a.conf, content: z, mode: 1}]}
+  files:
+  - <<: *file
+    path: /etc/a
+    content: {inline: {data: x, compression: {level: 9, deeper: {x: 1}}}}
+  - {path: /etc/b, content: {secretRef: {name: s, dataKey: k, namespace: kube-system}}}
+  criConfig:
+    name: containerd
+    containerd:
+      plugins: [{path: [a], values: {anything: {goes: here}}, order: 1}]
+status:
+  providerStatus: {whatever: {the: extension}}
+  extensionUnits: [{name: b.service, restartPolicy: always}]
+`,
+      SOURCE,
+    );
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.ignored.map((i) => i.slice(SOURCE.length + 2, i.indexOf(": not a field")))).toEqual([
+      "x-defaults",
+      "spec.units[0].contents",
+      "spec.units[0].dropIns[0].mode",
+      "spec.files[0].owner",
+      "spec.files[0].content.inline.compression",
+      "spec.files[1].content.secretRef.namespace",
+      "spec.criConfig.containerd.plugins[0].order",
+      "status.extensionUnits[0].restartPolicy",
+    ]);
+    expect(r.value.spec.files?.[0]).toEqual({ path: "/etc/a", permissions: 0o644, content: { inline: { encoding: "", data: "x" } } });
+  });
+
+  test("a key given twice, or replaced by a merge key after it, takes the later value (as Go's decoder does), and is named", () => {
+    const r = parseOsc(`${HEAD}base: &b {path: /etc/b}\nspec:\n  files:\n  - path: /etc/a\n    <<: *b\n    content: {inline: {data: first}}\n    content: {inline: {data: second}}\n`, SOURCE);
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.value.spec.files).toEqual([{ path: "/etc/b", content: { inline: { encoding: "", data: "second" } } }]);
+    expect(r.ignored).toEqual([
+      `${SOURCE}: spec.files[0].path: the value at line 6 is replaced by the merge key (<<) at line 7, as gardener-node-agent's decoder replaces it`,
+      `${SOURCE}: spec.files[0].content: the value at line 8 is replaced by the key given again at line 9, as gardener-node-agent's decoder replaces it`,
+      `${SOURCE}: base: not a field of Gardener v1.150's OperatingSystemConfig; ignored, as gardener-node-agent ignores it`,
+    ]);
   });
 
   test("YAML that does not parse is one error naming the source", () => {
@@ -326,6 +374,19 @@ describe("file content", () => {
     expect(r.value.unsupported).toEqual([]);
   });
 
+  // Deliberately unlike gardener-node-agent's first apply, which writes inline files before image files and
+  // then takes the path as done (it keeps the inline one until the OSC changes, then writes the image's).
+  test("a path given inline and, later, from an image: the image's file is written, the inline entry reported", () => {
+    const cached = { copyFrom: "/var/lib/gardener-node-agent/trellis/images/blobs/sha256/ab", sha256: "ab".repeat(32) };
+    const images: Images = new Map([[imageKey(kubeletRef), { ok: true, content: cached, size: 10 }]]);
+    const osc = parsed({ spec: { files: [{ ...kubeletFile, content: inline("an older kubelet") }] }, status: { extensionFiles: [kubeletFile] } });
+    expect(imageRefsOf(osc, HOST)).toEqual([kubeletRef]);
+    const r = resolveDesired(osc, { hostName: HOST, secrets: new Map(), images, source: SOURCE });
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.value.files.map((f) => [f.path, f.content])).toEqual([["/opt/bin/kubelet", cached]]);
+    expect(r.value.unsupported).toEqual([expect.stringContaining("spec.files[0] (/opt/bin/kubelet): not written: status.extensionFiles[0] (/opt/bin/kubelet)")]);
+  });
+
   test("an image that could not be fetched is an error naming the file and the image's problem", () => {
     const images: Images = new Map([[imageKey(kubeletRef), { ok: false, error: "registry/hyperkube:v1.35.4: manifest unknown" }]]);
     const r = resolve({ spec: { files: [kubeletFile] } }, new Map(), HOST, images);
@@ -428,14 +489,25 @@ describe("file paths", () => {
     expect(ok({ spec: { files: [file(path)] } }).files.map((f) => f.path)).toEqual([path]);
   });
 
-  test("the same path twice in spec.files is an error naming both", () => {
-    const e = theError({ spec: { files: [file("/etc/a"), file("/etc/b"), file("/etc/a")] } });
-    expect(e).toContain("spec.files[2] (/etc/a): duplicate path, also in spec.files[0] (/etc/a)");
+  // gardener-node-agent writes every entry of a path in turn (spec's, then status's): the last is what the node keeps.
+  test("the same path twice in spec.files: the later entry is written, the earlier one reported by both names", () => {
+    const d = ok({ spec: { files: [file("/etc/a", { content: inline("first"), permissions: 0o644 }), file("/etc/b"), file("/etc/a", { content: inline("second") })] } });
+    expect(d.files.map((f) => [f.path, text(f.content), f.mode, f.origin])).toEqual([
+      ["/etc/b", "x", defaultFileMode, "spec.files[1] (/etc/b)"],
+      ["/etc/a", "second", defaultFileMode, "spec.files[2] (/etc/a)"],
+    ]);
+    expect(d.unsupported).toEqual([
+      `${SOURCE}: spec.files[0] (/etc/a): not written: spec.files[2] (/etc/a) has the same path and comes later, and the later entry is what the node keeps (gardener-node-agent writes both, in this order)`,
+    ]);
   });
 
-  test("the same path in spec.files and status.extensionFiles is an error", () => {
-    const e = theError({ spec: { files: [file("/etc/a")] }, status: { extensionFiles: [file("/etc/a")] } });
-    expect(e).toContain("status.extensionFiles[0] (/etc/a): duplicate path, also in spec.files[0] (/etc/a)");
+  test("the same path in spec.files and status.extensionFiles: status's entry is written, spec's reported, and not even read", () => {
+    const d = ok({ spec: { files: [{ path: "/etc/a", content: { secretRef: { name: "missing", dataKey: "k" } } }] }, status: { extensionFiles: [file("/etc/a", { content: inline("status") })] } });
+    expect(d.files.map((f) => [f.path, text(f.content)])).toEqual([["/etc/a", "status"]]);
+    expect(d.unsupported).toEqual([
+      `${SOURCE}: spec.files[0] (/etc/a): not written: status.extensionFiles[0] (/etc/a) has the same path and comes later, and the later entry is what the node keeps (gardener-node-agent writes both, in this order)`,
+    ]);
+    expect(secretRefsOf(parsed({ spec: { files: [{ path: "/etc/a", content: { secretRef: { name: "s", dataKey: "k" } } }] }, status: { extensionFiles: [file("/etc/a")] } }), HOST)).toEqual([]);
   });
 
   test("files for another host are dropped, files for this host and for every host are kept", () => {
@@ -510,14 +582,15 @@ describe("units", () => {
     },
   );
 
-  test("the same unit twice in spec.units is an error", () => {
-    const es = errors({ spec: { units: [{ name: "a.service" }, { name: "a.service", content: "x" }] } });
-    expect(es).toEqual([`${SOURCE}: spec.units[1] (a.service): duplicate unit name`]);
-  });
-
-  test("the same unit twice in status.extensionUnits is an error", () => {
-    const es = errors({ spec: {}, status: { extensionUnits: [{ name: "a.service" }, { name: "a.service" }] } });
-    expect(es).toEqual([`${SOURCE}: status.extensionUnits[1] (a.service): duplicate unit name`]);
+  test("the same unit twice in one list is merged as spec and status are (gardener-node-agent merges one list with itself too), and reported", () => {
+    const d = ok({ spec: { units: [{ name: "a.service", enable: false, filePaths: ["/a"] }, { name: "a.service", content: "x", filePaths: ["/b"] }] } });
+    expect(d.units).toEqual([{ name: "a.service", content: "x", sha256: sha256Hex("x"), enable: false, dropIns: [], filePaths: ["/a", "/b"] }]);
+    expect(d.unsupported).toEqual([
+      `${SOURCE}: spec.units[1] (a.service): the unit is in spec.units[0] too: merged into it as gardener-node-agent merges status.extensionUnits into spec.units (the later enable, command and content win; drop-ins and filePaths are added)`,
+    ]);
+    const status = ok({ spec: { units: [{ name: "a.service" }] }, status: { extensionUnits: [{ name: "a.service" }, { name: "a.service", command: "stop" }] } });
+    expect(status.units).toMatchObject([{ name: "a.service", command: "stop" }]);
+    expect(status.unsupported).toEqual([expect.stringContaining("status.extensionUnits[1] (a.service): the unit is in status.extensionUnits[0] too")]);
   });
 
   test("enable defaults to true, command stays unset", () => {
@@ -566,30 +639,51 @@ describe("units", () => {
     ]);
   });
 
-  test("the same drop-in name in spec and status is an error after the merge", () => {
-    const e = theError({
-      spec: { units: [{ name: "a.service", dropIns: [{ name: "10-a.conf", content: "a" }] }] },
-      status: { extensionUnits: [{ name: "a.service", dropIns: [{ name: "10-a.conf", content: "b" }] }] },
+  test("the same drop-in name in spec and status: status's is written (gardener-node-agent writes both, in turn), spec's reported", () => {
+    const d = ok({
+      spec: { units: [{ name: "a.service", dropIns: [{ name: "10-a.conf", content: "a" }, { name: "20-b.conf", content: "b" }] }] },
+      status: { extensionUnits: [{ name: "a.service", dropIns: [{ name: "10-a.conf", content: "status" }] }] },
     });
-    expect(e).toContain("unit a.service.dropIns[10-a.conf]: duplicate drop-in name");
+    expect(unitOf(d, "a.service").dropIns.map((x) => [x.name, x.content])).toEqual([
+      ["10-a.conf", "status"],
+      ["20-b.conf", "b"],
+    ]);
+    expect(d.unsupported).toEqual([
+      `${SOURCE}: unit a.service.dropIns[10-a.conf]: spec.units[0].dropIns[0] is not written: status.extensionUnits[0].dropIns[0] has the same name and comes later, and the later one is what the node keeps (gardener-node-agent writes both, in this order)`,
+    ]);
   });
 
-  test("the same drop-in name twice in one unit is an error", () => {
-    const e = theError({ spec: { units: [{ name: "a.service", dropIns: [{ name: "x.conf", content: "a" }, { name: "x.conf", content: "a" }] }] } });
-    expect(e).toContain("unit a.service.dropIns[x.conf]: duplicate drop-in name");
+  test("the same drop-in name twice in one unit: the later one is written, the earlier one reported", () => {
+    const d = ok({ spec: { units: [{ name: "a.service", dropIns: [{ name: "x.conf", content: "a" }, { name: "x.conf", content: "b" }] }] } });
+    expect(unitOf(d, "a.service").dropIns.map((x) => x.content)).toEqual(["b"]);
+    expect(d.unsupported).toEqual([expect.stringContaining("unit a.service.dropIns[x.conf]: spec.units[0].dropIns[0] is not written: spec.units[0].dropIns[1]")]);
   });
 
   test.each([
     ["no .conf suffix", "10-env"],
     ["another suffix", "10-env.service"],
-    ["a /", "../../a.service.d/x.conf"],
-    ["a / inside", "sub/x.conf"],
     ["..", "..conf"],
     ["only .conf", ".conf"],
-    ["empty", ""],
-  ])("a drop-in name with %s is an error naming the unit and drop-in", (_, name) => {
+  ])("a drop-in name with %s is written as gardener-node-agent writes it, and reported when systemd does not read it", (_, name) => {
+    const d = ok({ spec: { units: [{ name: "a.service", dropIns: [{ name, content: "" }] }] } });
+    expect(unitOf(d, "a.service").dropIns.map((x) => x.name)).toEqual([name]);
+    expect(d.unsupported).toEqual(
+      name.endsWith(".conf") ? [] : [`${SOURCE}: unit a.service.dropIns[${name}]: written as gardener-node-agent writes it, but systemd reads only drop-ins whose name ends in .conf: not acted on by systemd`],
+    );
+  });
+
+  test.each([
+    ["a /", "../../a.service.d/x.conf", "contains /"],
+    ["a / inside", "sub/x.conf", "contains /"],
+    ["only ..", "..", '"." or ".."'],
+    ["only .", ".", '"." or ".."'],
+    ["empty", "", "trailing slash"],
+    ["a NUL", "x\0.conf", "NUL"],
+    ["300 characters", `${"x".repeat(295)}.conf`, "more than Linux's limit of 255"],
+  ])("a drop-in name with %s is an error naming the unit and drop-in: it names no file in the unit's .d directory", (_, name, problem) => {
     const e = theError({ spec: { units: [{ name: "a.service", dropIns: [{ name, content: "" }] }] } });
-    expect(e).toContain(`unit a.service.dropIns[${name}]: name must be a file name ending in .conf`);
+    expect(e).toContain(`unit a.service.dropIns[${name}]: name must be a file name in a.service.d: `);
+    expect(e).toContain(problem);
   });
 
   test.each([
@@ -623,7 +717,7 @@ describe("all problems together", () => {
       spec: {
         units: [
           { name: "kubelet" },
-          { name: "a.service", dropIns: [{ name: "bad", content: "" }], filePaths: ["rel"] },
+          { name: "a.service", dropIns: [{ name: "../bad", content: "" }], filePaths: ["rel"] },
           { name: "a.service" },
           { name: "b.service", content: "[Unit]\n" },
         ],
@@ -633,12 +727,10 @@ describe("all problems together", () => {
           { path: "/etc/b64", content: inline("%%%", "b64") },
           { path: "/etc/secret", content: { secretRef: { name: "missing", dataKey: "k" } } },
           { path: "/etc/none", content: {} },
-          file("/etc/dup"),
           file("/etc/systemd/system/b.service"),
           file("/etc/fine"),
         ],
       },
-      status: { extensionFiles: [file("/etc/dup")] },
     });
     expect(r.ok).toBe(false);
     if (r.ok) return;
@@ -648,12 +740,10 @@ describe("all problems together", () => {
       "spec.files[2] (/etc/b64).content.inline.data",
       "spec.files[3] (/etc/secret).content.secretRef",
       "spec.files[4] (/etc/none).content.inline",
-      "status.extensionFiles[0] (/etc/dup): duplicate path",
-      "spec.units[2] (a.service): duplicate unit name",
       "unit kubelet: name must be",
-      "unit a.service.dropIns[bad]",
+      "unit a.service.dropIns[../bad]",
       "unit a.service.filePaths (rel)",
-      "spec.files[6] (/etc/systemd/system/b.service): path is also written by unit b.service",
+      "spec.files[5] (/etc/systemd/system/b.service): path is also written by unit b.service",
     ];
     expect(r.errors).toHaveLength(expected.length);
     for (const part of expected) expect(r.errors.filter((e) => e.includes(part))).toHaveLength(1);

@@ -66,6 +66,16 @@ describe("parsing osc.yaml", () => {
     expect(JSON.parse(readFileSync(`${root}${kept}`, "utf8")).checksum).toBe(oscChecksum(other)); // kept in its turn, a string in the plugin's values
   });
 
+  test("what the parse did not read is kept with it: a restarted agent reports it again", async () => {
+    const { root, parser } = fresh();
+    const unknown = new TextEncoder().encode(`${new TextDecoder().decode(osc)}\nfutureField: 1\n`);
+    const first = await parser()(unknown, oscChecksum(unknown), "s");
+    expect(first.ok && first.ignored).toEqual([expect.stringContaining("s: futureField: not a field of Gardener")]);
+    expect(JSON.parse(readFileSync(`${root}${kept}`, "utf8")).ignored).toEqual(first.ok ? first.ignored : []);
+    const again = await parser()(unknown, oscChecksum(unknown), "s");
+    expect(again.ok && again.ignored).toEqual(first.ok ? first.ignored : []);
+  });
+
   test.each([["not JSON", "{"], ["an OSC the schema refuses", JSON.stringify({ version: 1, checksum: "c", osc: { kind: "nope" } })]])("a kept parse that is %s is ignored with a warning", async (_, content) => {
     const { root, lines, parser } = fresh();
     await parser()(osc, oscChecksum(osc), "s");

@@ -7,7 +7,7 @@ import type { SerialHoldState } from "../../api/serial-hold.ts";
 import type { BootClockReading } from "../../host/boot-clock.ts";
 import type { ImageStore } from "../../host/registry/store.ts";
 import type { Logger } from "../../log.ts";
-import type { Counter, Registry } from "../../metrics.ts";
+import type { Counter, Gauge, Registry } from "../../metrics.ts";
 import type { SecretRefs } from "../../kube/secret-refs.ts";
 import { backoffDelay } from "../../time.ts";
 import type { createInPlaceUpdater, InPlaceUpdaterDeps } from "../in-place.ts";
@@ -88,7 +88,7 @@ export type OscContext = {
   parser: ReturnType<typeof createOscParser>;
   /** The Secrets secretRef files name, from their watches. */
   secretRefs: Pick<SecretRefs, "read" | "keepOnly">;
-  metrics: { restarts: Counter; serialGivenUp: Counter };
+  metrics: { restarts: Counter; serialGivenUp: Counter; notActedOn: Gauge };
 };
 
 export const periodic = (ctx: OscContext): Wait => ({ atMs: ctx.now() + ctx.deps.syncPeriodMs, why: "periodic re-check" });

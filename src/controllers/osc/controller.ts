@@ -62,6 +62,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
     metrics: {
       restarts: deps.metrics.counter("trellis_unit_restarts_total", "Units restarted by OSC applies, by unit."),
       serialGivenUp: deps.metrics.counter("trellis_serial_lease_given_up_total", "Serial leases this node gave up after its apply kept failing past the hold limit."),
+      notActedOn: deps.metrics.gauge(
+        "trellis_osc_not_acted_on",
+        "Parts of the OSC last applied that are not acted on as written (fields Gardener's type does not have, entries a later one replaces, drop-ins systemd does not read); the OSCUnsupported event, the Node condition and trellis plan name them.",
+      ),
     },
   };
   const reconciles = deps.metrics.counter("trellis_reconcile_total", "OSC reconciles by result (applied, failed, invalid, waiting, error).");

@@ -7,20 +7,22 @@
 // Only an OSC that JSON holds exactly is kept (YAML can carry timestamps, which JSON would turn into text).
 import * as v from "valibot";
 import { parseOscBytes } from "../../api/desired.ts";
+import type { Decoded } from "../../api/gardener-decode.ts";
 import { type OperatingSystemConfig, OperatingSystemConfigSchema } from "../../api/osc.ts";
-import type { Result } from "../../api/result.ts";
 import { object } from "../../api/shapes.ts";
 import type { Files } from "../../host/files.ts";
 import { jsonStore } from "../../host/json-store.ts";
 import { describeError, type Logger } from "../../log.ts";
 
-const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), osc: OperatingSystemConfigSchema });
-/** A kept parse larger than this is not read (the OSC itself is at most 2 MiB of YAML). */
+// `ignored`: what the parse did not read, reported again after a restart (absent in a file of a trellis that refused unknown fields).
+const ParsedOscSchema = object({ version: v.literal(1), checksum: v.string(), osc: OperatingSystemConfigSchema, ignored: v.optional(v.array(v.string()), []) });
+type Kept = { checksum: string; osc: OperatingSystemConfig; ignored: string[] };
+/** A kept parse larger than this is not read (the OSC itself is at most 1 MiB of YAML). */
 const maxFileBytes = 16 << 20;
 
 export type OscParser = {
   /** osc.yaml's bytes parsed (or the last parse of the same checksum, or the kept one). */
-  parse(bytes: Uint8Array, checksum: string, source: string): Promise<Result<OperatingSystemConfig>>;
+  parse(bytes: Uint8Array, checksum: string, source: string): Promise<Decoded<OperatingSystemConfig>>;
   /**
    * Keeps the parse of `checksum` for the next start, once that OSC was applied: an OSC that fails later
    * (resolving, applying) changes nothing in the state directory, the last good one stays kept.
@@ -30,29 +32,29 @@ export type OscParser = {
 
 export function createOscParser(o: { files: Files; path: string; log: Logger }): OscParser {
   const store = jsonStore(o.files, o.path, v.optional(ParsedOscSchema), () => undefined, { maxBytes: maxFileBytes });
-  let last: { checksum: string; result: Result<OperatingSystemConfig> } | undefined;
-  let kept: Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> | undefined;
+  let last: { checksum: string; result: Decoded<OperatingSystemConfig> } | undefined;
+  let kept: Promise<Kept | undefined> | undefined;
   const readOnce = () => (kept ??= readKept(store, o.path, o.log));
 
   return {
     async parse(bytes, checksum, source) {
       if (last?.checksum === checksum) return last.result;
       const k = await readOnce();
-      const result: Result<OperatingSystemConfig> = k?.checksum === checksum ? { ok: true, value: k.osc } : parseOscBytes(bytes, source);
+      const result: Decoded<OperatingSystemConfig> = k?.checksum === checksum ? { ok: true, value: k.osc, ignored: k.ignored } : parseOscBytes(bytes, source);
       last = { checksum, result };
       return result;
     },
     async keep(checksum) {
       if ((await readOnce())?.checksum === checksum) return;
       if (last?.checksum !== checksum || !last.result.ok || !jsonExact(last.result.value)) return;
-      const osc = last.result.value;
-      kept = Promise.resolve({ checksum, osc });
-      await store.write({ version: 1, checksum, osc }).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
+      const { value: osc, ignored } = last.result;
+      kept = Promise.resolve({ checksum, osc, ignored });
+      await store.write({ version: 1, checksum, osc, ignored }).catch((err: unknown) => o.log.warn("could not keep the parsed OSC; the next start parses it again", { path: o.path, error: describeError(err) }));
     },
   };
 }
 
-async function readKept(store: { read(): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> }, path: string, log: Logger): Promise<{ checksum: string; osc: OperatingSystemConfig } | undefined> {
+async function readKept(store: { read(): Promise<Kept | undefined> }, path: string, log: Logger): Promise<Kept | undefined> {
   try {
     return await store.read();
   } catch (err) {

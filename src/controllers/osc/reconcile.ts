@@ -93,15 +93,17 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
   // a checksum of its own (`checksum`), for everything else.
   const base = oscChecksum(bytes);
-  const parsed = await ctx.parser.parse(bytes, base, source);
-  // Before anything can hold the OSC back or fail it, as gardener-node-agent does.
-  if (parsed.ok) await labelRoleAndZone(ctx, parsed.value);
-  const layered = parsed.ok ? layersFor(ctx, secret, parsed.value, bytes, source) : parsed;
-  if (!layered.ok) {
+  const refuse = async (errors: string[]) => {
     noted(ctx, base);
     state.status.lastChecksum = base;
-    return { wait: await invalid(ctx, base, layered.errors) };
-  }
+    return { wait: await invalid(ctx, base, errors) };
+  };
+  const parsed = await ctx.parser.parse(bytes, base, source);
+  if (!parsed.ok) return refuse(parsed.errors);
+  // Before anything can hold the OSC back or fail it, as gardener-node-agent does.
+  await labelRoleAndZone(ctx, parsed.value);
+  const layered = layersFor(ctx, secret, parsed.value, bytes, source);
+  if (!layered.ok) return refuse(layered.errors);
   const { matched } = layered.value;
   const checksum = layeredChecksum(bytes, matched);
   noted(ctx, checksum);
@@ -115,6 +117,7 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
     log: ctx.log,
     signal: ctx.stopping,
     provenance: layered.value.provenance,
+    ignored: parsed.ignored,
   });
   await ctx.secretRefs.keepOnly(secretRefsOf(layered.value.osc, deps.hostName));
   if (!resolved.ok) {

@@ -56,14 +56,40 @@ export async function reportFailure(ctx: OscContext, current: V1Node | undefined
   await setCondition(ctx, current, "False", "ApplyFailed", `applying OSC ${checksum.slice(0, 12)}: ${outcome.failures.map((f) => describeStep(f.step)).join("; ")}`);
 }
 
+/** Characters of a list of parts not acted on that an event or the condition carries (an event note holds 1 kB). */
+const maxListed = 880;
+
+/** `items` joined by `separator` within `max` characters: whole items (a first one too long is cut), the rest counted. */
+export function listed(items: readonly string[], separator: string, max = maxListed): string {
+  const all = items.join(separator);
+  if (all.length <= max) return all;
+  const more = (left: number) => (left === 0 ? "" : `${separator}… and ${left} more (trellis plan --osc lists them all)`);
+  let text = "";
+  let n = 0;
+  for (const item of items) {
+    const next = n === 0 ? item : `${text}${separator}${item}`;
+    if (next.length + more(items.length - n - 1).length > max) break;
+    text = next;
+    n++;
+  }
+  if (n === 0) {
+    text = `${(items[0] as string).slice(0, Math.max(0, max - more(items.length - 1).length - 1))}…`;
+    n = 1;
+  }
+  return `${text}${more(items.length - n)}`;
+}
+
 export async function reportSuccess(ctx: OscContext, current: V1Node | undefined, ids: Checksums, desired: Desired, outcome: ApplyOutcome): Promise<void> {
   const { checksum } = ids;
   const { reported } = noted(ctx, checksum);
-  for (const u of desired.unsupported) {
-    if (current && !reported.has(`unsupported/${u}`)) {
-      reported.add(`unsupported/${u}`);
-      await ctx.deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message: u });
-    }
+  const notActedOn = desired.unsupported;
+  ctx.metrics.notActedOn.set(notActedOn.length);
+  // Once per OSC, with every part in it (a newer Gardener's OSC may carry many fields this one does not know).
+  if (current && notActedOn.length > 0 && !reported.has("unsupported")) {
+    reported.add("unsupported");
+    ctx.log.warn("the OSC is applied, but parts of it are not acted on as written", { checksum, unsupported: notActedOn });
+    const message = `OSC ${checksum.slice(0, 12)} is applied, but ${notActedOn.length} part(s) of it are not acted on as written:\n${listed(notActedOn, "\n")}`;
+    await ctx.deps.events.record({ node: nodeRef(current), type: "Warning", reason: "OSCUnsupported", message });
   }
   // Kubelet registers the Node only once the first OSC started it: the Node's arrival wakes this
   // controller again, and that run reports what the apply did, from the state it persisted.
@@ -87,7 +113,9 @@ export async function reportSuccess(ctx: OscContext, current: V1Node | undefined
       message: `Applied OSC ${checksum.slice(0, 12)}: ${done.steps} step(s)${done.restarted.length ? `, restarted ${done.restarted.join(", ")}` : ""}`,
     });
   }
-  await setCondition(ctx, patched ?? current, "True", "Applied", `OSC ${checksum.slice(0, 12)} is applied`, patched !== undefined);
+  const applied = `OSC ${checksum.slice(0, 12)} is applied`;
+  const message = notActedOn.length > 0 ? `${applied}; ${notActedOn.length} part(s) not acted on as written: ${listed(notActedOn, "; ")}` : applied;
+  await setCondition(ctx, patched ?? current, "True", "Applied", message, patched !== undefined);
 }
 
 // What the apply of `checksum` did, as it was recorded (possibly by this agent before it restarted itself).
