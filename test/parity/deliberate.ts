@@ -111,6 +111,16 @@ export const deliberate: DeliberateRow[] = [
     match: [{ area: "lease", key: "<osc-secret>", gna: "holder= duration=", trellis: "holder= duration=600" }],
   },
   {
+    id: "file-of-a-path-given-twice",
+    gna: "Writes the entries of a path given twice (spec.files and status.extensionFiles) in turn, so the later one is on disk; when that later entry leaves the OSC and the earlier one stays unchanged, it writes nothing and leaves the later entry's content there.",
+    trellis: "Writes the later entry too, and when it leaves, the OSC's remaining entry: the file has what the OSC now says (a unit listing it restarts).",
+    reason: "The node converges on the OSC instead of keeping content no OSC has any more; gardenlet reads the checksum, written by both.",
+    match: [
+      { step: "registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/parity/plain\\.conf" },
+      { step: "registry-cacert-missing", area: "restarted", key: "parity-a\\.service", gna: "not restarted", trellis: "restarted" },
+    ],
+  },
+  {
     id: "in-place-no-restart",
     gna: "After a CA rotation gets a new kubeconfig and restarts itself (reconciler.go ~945–1048).",
     trellis: "Renews its client certificate and switches its client to it in place; no restart.",
