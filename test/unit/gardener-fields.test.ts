@@ -19,8 +19,8 @@ const gardener = read("../fixtures/gardener/fields.txt")
 const rows = read("../../docs/gardener-fields.md")
   .split("\n")
   .flatMap((l) => {
-    const m = /^\| (\w+) \| `([^`]+)` \| ([^|]+?) \| (.*) \|$/.exec(l);
-    return m ? [{ field: `${m[1]} ${m[2]}`, verdict: m[3] as string, why: m[4] as string }] : [];
+    const m = /^\| (\w+) \| `([^`]+)` \| ([^|]+?) \| ([^|]+?) \| (.*) \|$/.exec(l);
+    return m ? [{ field: `${m[1]} ${m[2]}`, verdict: m[3] as string, gnaAccepts: m[4] as string, why: m[5] as string }] : [];
   });
 
 /** Every key path a valibot schema knows, Gardener-style: `a.b`, a list's items as `a[]`. */
@@ -48,6 +48,10 @@ describe("docs/gardener-fields.md", () => {
     const documented = rows.map((r) => r.field);
     expect(gardener.filter((f) => !documented.includes(f))).toEqual([]);
     expect(documented.filter((f, i) => documented.indexOf(f) !== i)).toEqual([]);
+  });
+
+  test("every row says whether gardener-node-agent accepts the field: yes, or what it refuses", () => {
+    expect(rows.filter((r) => !/^(yes|no|only)\b/.test(r.gnaAccepts)).map((r) => `${r.field}: ${r.gnaAccepts}`)).toEqual([]);
   });
 
   test("no row names a field Gardener's types do not have", () => {
