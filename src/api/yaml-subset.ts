@@ -95,8 +95,8 @@ const isStringKey = (key: string) => plainKey.test(key) && key !== "__proto__" &
 
 /**
  * A flow collection on one line (`[1, "a", {k: v}]`) whose own depth is `depth`: scalars as scalar()
- * takes them, keys as a block mapping's, a comma (and spaces) between entries, ": " after a key.
- * Anything else — a comment, an anchor, a trailing comma, a key with no value, a second line — declines.
+ * takes them, keys as a block mapping's, a comma (and spaces) between entries and perhaps after the
+ * last, ": " after a key. Anything else — a comment, an anchor, a key with no value, a second line — declines.
  */
 function flowCollection(text: string, depth: number, maxDepth: number): unknown {
   let at = 0;
@@ -123,11 +123,12 @@ function flowCollection(text: string, depth: number, maxDepth: number): unknown 
     const item = () => (text[at] === "[" || text[at] === "{" ? collection(d + 1) : scalar(token()));
     at++;
     spaces();
-    if (text[at] === close) {
-      at++;
-      return close === "]" ? seq : map;
-    }
     for (;;) {
+      // At the start, or after a comma (a trailing one YAML allows): the close, or an entry.
+      if (text[at] === close) {
+        at++;
+        return close === "]" ? seq : map;
+      }
       if (close === "]") seq.push(item());
       else {
         const key = token();
@@ -137,14 +138,10 @@ function flowCollection(text: string, depth: number, maxDepth: number): unknown 
         map[key] = item();
       }
       spaces();
-      if (text[at] === close) {
+      if (text[at] === ",") {
         at++;
-        return close === "]" ? seq : map;
-      }
-      if (text[at] !== ",") throw new Decline();
-      at++;
-      spaces();
-      if (text[at] === close) throw new Decline();
+        spaces();
+      } else if (text[at] !== close) throw new Decline();
     }
   };
   const value = collection(depth);

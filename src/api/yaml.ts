@@ -3,14 +3,15 @@
 // merge keys, a key given twice taking its later value) and within bounds, so that a careless document
 // cannot take the agent's memory or keep it busy for minutes.
 //
-// The bounds: the bytes of a Secret (1 MiB; they bound the number of tokens too: the lexer makes at most
-// 1.5 a byte) and UTF-8 (Go's decoder refuses anything else); nesting 64 deep (Go's: 10 000; Gardener's OSC
-// is 7 deep); what aliases expand to (Go bounds their share of the decoded nodes); the first syntax error
-// ends the parse (a megabyte of errors took 860 MB). Then one pass over the document checks nesting, keys
-// and aliases, and one more turns it into plain values with Go's semantics (the `yaml` package's own
-// toJS keeps the first of two keys and lets no merge replace a key given before it). The `yaml` package
-// spends quadratic time on large mappings (its duplicate-key check) and on aliases of deep structures
-// (its alias-count check): both are off here; bench:yaml measures what is left (README).
+// The bounds: the bytes of a Secret (1 MiB, which bound the tokens too: a cap of 300 000 tokens refused
+// OSCs a Secret carries) and UTF-8 (Go's decoder refuses anything else); nesting 64 deep (Go's: 10 000;
+// Gardener's OSC is 7 deep); what aliases expand to (Go bounds their share of the decoded nodes); the
+// first syntax error ends the parse (a megabyte of errors took 860 MB). Then one pass over the document
+// checks nesting, keys and aliases, and one more turns it into plain values with Go's semantics (the
+// `yaml` package's own toJS keeps the first of two keys and lets no merge replace a key given before
+// it). The `yaml` package spends quadratic time on large mappings (its duplicate-key check) and on
+// aliases of deep structures (its alias-count check): both are off here; bench:yaml measures what is
+// left (README).
 import { type Alias, Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser, type YAMLError, type YAMLMap } from "yaml";
 import { fieldPath } from "./issues.ts";
 import { parseYamlSubset } from "./yaml-subset.ts";
@@ -262,7 +263,9 @@ function toValues(root: Node, targets: AliasTargets, lineOf: (offset: number) =>
         continue;
       }
       const keyValue = isAlias(keyNode) ? (targets.get(keyNode) as Node) : keyNode;
-      const key = String((isScalar(keyValue) ? keyValue.value : null) ?? "");
+      const raw = isScalar(keyValue) ? keyValue.value : null;
+      // An alias of a merge key is the key "<<", as in Go.
+      const key = typeof raw === "symbol" ? (raw.description ?? "") : String(raw ?? "");
       replace(key, line, "the key given again");
       given.set(key, line);
       setKey(out, key, value(pair.value as Node | null, fieldPath(path, key)));

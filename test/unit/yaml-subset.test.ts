@@ -102,7 +102,7 @@ test("what it declines", () => {
     "a: |\n    x\n  y\n",
     "a: |\n      \n  x\n",
     "a: foo:\n",
-    "a: [1, 2,]\n",
+    "a: [,]\n",
     "a: [1, 2] # two\n",
     "a: [1,\n  2]\n",
     "a: {b:1}\n",
@@ -138,7 +138,7 @@ test("what it declines", () => {
 });
 
 test("flow collections on one line are taken, as the full parse reads them", () => {
-  const text = 'a: [1, "x y", {b: [c, 0644, yes, ~]}, [], {}]\nb:\n- {k0: 0, k1: "1"}\n- []\n';
+  const text = 'a: [1, "x y", {b: [c, 0644, yes, ~]}, [], {},]\nb:\n- {k0: 0, k1: "1" , }\n- []\n';
   expect(parseYamlSubset(text, oscYamlLimits)?.value).toEqual({ a: [1, "x y", { b: ["c", 0o644, true, null] }, [], {}], b: [{ k0: 0, k1: "1" }, []] });
   const flood = `flood: [${Array(200_000).fill("1").join(",")}]\n`;
   expect((parseYamlSubset(flood, oscYamlLimits)?.value as { flood: number[] }).flood).toHaveLength(200_000);
