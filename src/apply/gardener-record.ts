@@ -40,7 +40,9 @@ export function gardenerLastApplied(oscYaml: Uint8Array | string, desired: Desir
   if (unit) unit.dropIns = [...(unit.dropIns ?? []), added];
   else units.push({ name: containerdEnvDropIn.unit, dropIns: [added] });
   doc.spec = { ...doc.spec, units };
-  return stringify(doc, { lineWidth: 0 });
+  // YAML 1.1, as the OSC is read back (and as go-yaml writes it): a string that reads as a timestamp there
+  // (credentialsRotation.*.lastInitiationTime) is quoted, else it came back a Date and the OSC was refused.
+  return stringify(doc, { lineWidth: 0, version: "1.1" });
 }
 
 // The part of gardener-node-agent's operatingSystemConfigChanges (osc_changes.go) that says what it still owes.

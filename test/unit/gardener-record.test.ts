@@ -7,7 +7,7 @@
 import { describe, expect, test } from "bun:test";
 import { mkdtempSync } from "node:fs";
 import { parse, stringify } from "yaml";
-import { type Desired, sha256Hex } from "../../src/api/desired.ts";
+import { type Desired, parseOscBytes, sha256Hex } from "../../src/api/desired.ts";
 import { paths } from "../../src/api/paths.ts";
 import { gardenerLastApplied, gardenerPending } from "../../src/apply/gardener-record.ts";
 import { planForNode } from "../../src/apply/observe.ts";
@@ -38,6 +38,15 @@ describe("last-applied-osc.yaml, as gardener-node-agent records the OSC it appli
     const { spec: inputSpec, ...inputRest } = parse(input);
     expect(rest).toEqual(inputRest);
     expect({ ...spec, units: [] }).toEqual({ ...inputSpec, units: [] });
+  });
+
+  test("read back as the OSC is read (YAML 1.1), it is the OSC it was: a string that reads as a timestamp there stays a string", async () => {
+    // Written as YAML 1.2 the string came back a Date, and the next in-place update refused the OSC (e2e in-place, CA rotation).
+    const rotation = { serviceAccountKey: { lastInitiationTime: "2026-11-25T12:00:00Z" } };
+    const input = stringify({ ...parse(osc([{ name: "kubelet.service" }])), spec: { ...parse(osc([{ name: "kubelet.service" }])).spec, inPlaceUpdates: { operatingSystemVersion: "1", credentialsRotation: rotation } } }, { version: "1.1" });
+    const out = gardenerLastApplied(input, desired);
+    const read = parseOscBytes(typeof out === "string" ? new TextEncoder().encode(out) : out, "last-applied-osc.yaml");
+    expect(read.ok && read.value.spec.inPlaceUpdates?.credentialsRotation).toEqual(rotation);
   });
 
   test("an OSC without containerd.service gets a unit of that name with only the drop-in, after its units", () => {
