@@ -101,7 +101,9 @@ test("a node that lost its state (as one taken over from gardener-node-agent) st
   expectOneAtATime(await rollOut(3));
 }, 120_000);
 
-const breakDropIn = "/etc/systemd/system/slow.service.d/99-broken.conf";
+// Under /run, not /etc: a changed unit the OSC gives no drop-ins loses its whole /etc/systemd/system/<unit>.d
+// (as with gardener-node-agent), and with it a fault put there.
+const breakDropIn = "/run/systemd/system/slow.service.d/99-broken.conf";
 
 test("a node whose apply keeps failing gives the serial lease up after the hold limit, and says so", async () => {
   const broken = nodes[0] as AgentNode;
@@ -141,7 +143,7 @@ test("in a crash loop too: the hold limit counts across the broken agent's resta
   await Promise.all(others.map((n) => n.node.execOk(["systemctl", "stop", unit])));
   await broken.node.writeFile(breakDropIn, "[Service]\nExecStartPre=/bin/false\n", 0o644);
   // The test's crash loop (RestartSec=1) is faster than systemd's default start rate limit allows.
-  await broken.node.writeFile(`/etc/systemd/system/${unit}.d/no-start-limit.conf`, "[Unit]\nStartLimitIntervalSec=0\n", 0o644);
+  await broken.node.writeFile(`/run/systemd/system/${unit}.d/no-start-limit.conf`, "[Unit]\nStartLimitIntervalSec=0\n", 0o644);
   await broken.node.execOk(["systemctl", "daemon-reload"]);
   const limitS = 6;
   checksum = await putOscSecret(cluster, secretName, osc(5), { ...serial, "rollout.trellis.dev/serial-hold-limit": `${limitS}s` });
@@ -179,7 +181,7 @@ test("in a crash loop too: the hold limit counts across the broken agent's resta
   expect(attempts).toBeLessThanOrEqual(crashes + 1);
   await Promise.all(others.map((n) => waitApplied(n, checksum, 60_000)));
 
-  await broken.node.execOk(["rm", "-f", breakDropIn, `/etc/systemd/system/${unit}.d/no-start-limit.conf`]);
+  await broken.node.execOk(["rm", "-f", breakDropIn, `/run/systemd/system/${unit}.d/no-start-limit.conf`]);
   await broken.node.execOk(["systemctl", "daemon-reload"]);
 }, 180_000);
 
