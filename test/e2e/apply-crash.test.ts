@@ -17,7 +17,8 @@ afterAll(async () => {
 });
 
 const fileCount = 300;
-const content = (i: number, version: number) => `file ${i} version ${version}\n${"x".repeat(4000)}\n`;
+// 300 files of ~3 KB: an OSC of ~0.9 MB, within what a Secret carries (trellis refuses more than 1 MiB).
+const content = (i: number, version: number) => `file ${i} version ${version}\n${"x".repeat(3000)}\n`;
 const sha = (s: string) => createHash("sha256").update(s).digest("hex");
 
 function osc(version: number) {
