@@ -253,9 +253,8 @@ export function startPoolLeader(deps: LeaderDeps): PoolLeader {
     const at = deps.wallNow().toISOString();
     /** The holders of every shard as the watch shows them, but shard `except`'s. */
     const held = (except?: number) => [...l.shards].flatMap(([i, s]) => (i === except ? [] : (s.record?.holders ?? [])));
-    const stale = staleGrants(held(), l.tickets);
-    const fresh = await readTickets(l, [...dropCandidates({ holders: held() }, l.tickets), ...stale]);
-    const tickets = withFresh(l.tickets, new Map(stale.map((node) => [node, fresh.get(node) ?? null])));
+    const fresh = await readTickets(l, [...dropCandidates({ holders: held() }, l.tickets), ...staleGrants(held(), l.tickets)]);
+    const tickets = withFresh(l.tickets, fresh);
     const failed = await recordLost(l, held(), fresh, at);
     /** `r` judged with the pool's failure (on shard 0, whatever shard `r` is). */
     const withFailed = (r: PoolRecord): PoolRecord => (failed ? { ...r, failed } : r);
