@@ -16,6 +16,9 @@ export type DeliberateRow = {
   assertedBy?: string;
 };
 
+/** The runtime_type trellis gives runc in config.toml (row containerd-runtime-type), as it reads in the compared JSON. */
+const runcType = ',\\s*"runtime_type":\\s*"io\\.containerd\\.runc\\.v2"';
+
 export const deliberate: DeliberateRow[] = [
   {
     id: "osc-condition",
@@ -83,7 +86,7 @@ export const deliberate: DeliberateRow[] = [
     gna: "Sets `SystemdCgroup` under `runtimes.runc.options` and nothing else of the runtime.",
     trellis: "Also writes `runtime_type = \"io.containerd.runc.v2\"` for runc when it sets the cgroup driver.",
     reason: "containerd decodes its runtimes entry by entry: a runc table holding only `options` replaces the built-in runc runtime and leaves it without a type, and every Pod fails (\"container.Runtime.Name must be set\"; Debian's config.toml names only the CNI directories). The value is containerd's own default, so a node where gardener-node-agent works behaves the same.",
-    match: [{ area: "file", key: "/etc/containerd/config\\.toml", ignoring: ',\\s*"runtime_type":\\s*"io\\.containerd\\.runc\\.v2"' }],
+    match: [{ area: "file", key: "/etc/containerd/config\\.toml", ignoring: runcType }],
   },
   {
     id: "sandbox-image-empty",
@@ -93,7 +96,7 @@ export const deliberate: DeliberateRow[] = [
     match: [
       { step: "cri-sandbox-empty", area: "restarted", key: "containerd\\.service", gna: "restarted", trellis: "not restarted" },
       // From then on the two config.toml differ in the sandbox image (and runc's type, row containerd-runtime-type).
-      { step: "cri-sandbox-empty|readiness-probe|readiness-probe-unreachable|readiness-probe-unreachable-removed|serial|delay-annotation|delayed|delayed-serial|unknown-field-content|unknown-field-spec|unknown-top-level-anchor|dropin-repeated|dropin-not-conf|same-path-spec-status|registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/containerd/config\\.toml", ignoring: ',\\s*"runtime_type":\\s*"io\\.containerd\\.runc\\.v2"|"sandbox_image":\\s*"[^"]*"' },
+      { step: "cri-sandbox-empty|readiness-probe|readiness-probe-unreachable|readiness-probe-unreachable-removed|serial|delay-annotation|delayed|delayed-serial|unknown-field-content|unknown-field-spec|unknown-top-level-anchor|dropin-repeated|dropin-not-conf|same-path-spec-status|registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/containerd/config\\.toml", ignoring: `${runcType}|"sandbox_image":\\s*"[^"]*"` },
     ],
   },
   {
