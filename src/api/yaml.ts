@@ -12,7 +12,7 @@
 // it). The `yaml` package spends quadratic time on large mappings (its duplicate-key check) and on
 // aliases of deep structures (its alias-count check): both are off here; bench:yaml measures what is
 // left (README).
-import { type Alias, Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser, type YAMLError, type YAMLMap } from "yaml";
+import { type Alias, Composer, type Document, isAlias, isMap, isPair, isScalar, isSeq, Lexer, LineCounter, type Node, Parser, type Scalar, type YAMLError, type YAMLMap } from "yaml";
 import { fieldPath } from "./issues.ts";
 import { parseYamlSubset } from "./yaml-subset.ts";
 
@@ -137,9 +137,13 @@ function* depthBoundedTokens(text: string, lines: LineCounter, limits: YamlLimit
 }
 
 // A key becomes a property name: a mapping, a sequence, or a scalar that reads as an object (!!binary
-// bytes, a YAML 1.1 timestamp) would be turned into some string of the yaml package's choosing.
-const keyProblem = "has a mapping key that is not a scalar (or is a !!binary or timestamp one)";
-const isPlainScalar = (node: unknown): boolean => isScalar(node) && (node.value === null || typeof node.value !== "object");
+// bytes) would be turned into some string of the yaml package's choosing.
+const keyProblem = "has a mapping key that is not a scalar (or is a !!binary one)";
+const isPlainScalar = (node: unknown): boolean => isScalar(node) && (node.value === null || typeof node.value !== "object" || node.value instanceof Date);
+// A YAML 1.1 timestamp stays the text it was written as: Go's yaml.v2, decoding into interface{} as
+// Gardener's decoder does (YAML → JSON first), keeps it a string "for backward compatibility", so
+// `lastInitiationTime: 2026-11-27T10:00:00Z` unquoted is the string a metav1.Time then parses.
+const scalarValue = (node: Scalar): unknown => (node.value instanceof Date ? (node.source ?? String(node.value)) : node.value);
 // The yaml package reads a plain `<<` key of YAML 1.1 as this symbol (a quoted "<<" is a string, as in Go).
 const isMergeKey = (node: unknown): boolean => isScalar(node) && typeof node.value === "symbol";
 
@@ -239,7 +243,7 @@ function toValues(root: Node, targets: AliasTargets, lineOf: (offset: number) =>
     if (node === null) return null;
     const target = isAlias(node) ? (targets.get(node) as Node) : node;
     if (shared.has(target)) return shared.get(target);
-    const out = isMap(target) ? mapping(target, path) : isSeq(target) ? target.items.map((item, i) => value(item as Node | null, fieldPath(path, i))) : isScalar(target) ? target.value : null;
+    const out = isMap(target) ? mapping(target, path) : isSeq(target) ? target.items.map((item, i) => value(item as Node | null, fieldPath(path, i))) : isScalar(target) ? scalarValue(target) : null;
     if (target.anchor) shared.set(target, out);
     return out;
   };
@@ -263,7 +267,7 @@ function toValues(root: Node, targets: AliasTargets, lineOf: (offset: number) =>
         continue;
       }
       const keyValue = isAlias(keyNode) ? (targets.get(keyNode) as Node) : keyNode;
-      const raw = isScalar(keyValue) ? keyValue.value : null;
+      const raw = isScalar(keyValue) ? scalarValue(keyValue) : null;
       // An alias of a merge key is the key "<<", as in Go.
       const key = typeof raw === "symbol" ? (raw.description ?? "") : String(raw ?? "");
       replace(key, line, "the key given again");

@@ -135,6 +135,28 @@ describe("what Go's yaml refuses or reads differently", () => {
     expect(Object.getPrototypeOf(v.a)).toBe(Object.prototype);
   });
 
+  test("a YAML 1.1 timestamp, as a value or a key, stays the text it was written as (Go's yaml.v2 into interface{})", () => {
+    expect(value("a: 2026-11-27T10:00:00Z\nb: 2001-12-14 21:59:43.10 -5\n2002-01-01: c\nd: [2026-11-27]\n")).toEqual({ a: "2026-11-27T10:00:00Z", b: "2001-12-14 21:59:43.10 -5", "2002-01-01": "c", d: ["2026-11-27"] });
+  });
+
+  test("an in-place OSC whose lastInitiationTime is an unquoted timestamp is accepted (gardener-node-agent accepts it)", () => {
+    const osc = `apiVersion: extensions.gardener.cloud/v1alpha1
+kind: OperatingSystemConfig
+metadata: {name: o, namespace: kube-system}
+spec:
+  type: debian
+  purpose: reconcile
+  inPlaceUpdates:
+    operatingSystemVersion: "12"
+    kubelet: 1.35.4
+    credentialsRotation:
+      serviceAccountKey: {lastInitiationTime: 2026-11-27T10:00:00Z}
+`;
+    const r = parseOscBytes(new TextEncoder().encode(osc), SOURCE);
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.value.spec.inPlaceUpdates?.credentialsRotation?.serviceAccountKey?.lastInitiationTime).toBe("2026-11-27T10:00:00Z");
+  });
+
   test("a key that is not a scalar is an error", () => {
     expect(refusal("? [a, b]\n: 1\n")).toContain("a mapping key that is not a scalar");
   });
