@@ -1,7 +1,7 @@
 // The OS update of an in-place update, on the node: the OS extension's command
 // (status.inPlaceUpdates.osUpdate) run as gardener-node-agent runs it, and its outcome told after the
 // machine restarted. What to do next is decided in src/plan/os-update.ts; this does it.
-import { execFile } from "node:child_process";
+import { type ExecFileException, execFile } from "node:child_process";
 import type { InPlaceState } from "../api/in-place-state.ts";
 import type { Files } from "../host/files.ts";
 import type { Kube } from "../kube/client.ts";
@@ -26,6 +26,31 @@ export async function nodeOsVersion(files: Files): Promise<string | undefined> {
 
 /** How gardener-node-agent runs the OS extension's update command: again every 30 s for up to 5 min while it reports network problems. */
 export const osUpdateRetry = { intervalMs: 30_000, timeoutMs: 5 * 60_000, retriable: /network problems/i };
+/** Output gardener-node-agent names a non-retriable error (it ends the update at once, as any other failure). */
+const nonRetriable = /invalid arguments|system failure/i;
+/** The command's output kept in the reason: the Node's annotations are bounded (256 KiB in all). */
+const maxOutput = 2000;
+
+/** How Go's os/exec names a command's failure (its ExitError or start error): gardener-node-agent's reason carries that text. */
+export function goExecError(err: ExecFileException, command: string): string {
+  if (typeof err.code === "number") return `exit status ${err.code}`;
+  if (err.signal) return `signal: ${goSignalNames[err.signal] ?? err.signal}`;
+  if (err.code === "ENOENT") return `fork/exec ${command}: no such file or directory`;
+  if (err.code === "EACCES") return `fork/exec ${command}: permission denied`;
+  return describeError(err);
+}
+const goSignalNames: Record<string, string> = { SIGKILL: "killed", SIGTERM: "terminated", SIGINT: "interrupt", SIGHUP: "hangup", SIGABRT: "aborted", SIGSEGV: "segmentation fault", SIGPIPE: "broken pipe" };
+
+/**
+ * The failure as gardener-node-agent words it (machine-controller-manager shows it as the machine's
+ * update-failed reason): its retry's kind of error, Go's exit text and the command's output as it was.
+ * `retriesOver`: network problems still reported when the retries' time ran out.
+ */
+export function osUpdateFailure(error: string, output: string, retriesOver: boolean): string {
+  const kept = output.length > maxOutput ? output.slice(-maxOutput) : output;
+  if (retriesOver) return `failed to execute OS update command: retry failed with context deadline exceeded, last error: retriable error detected: ${error}, output: ${kept}`;
+  return `failed to execute OS update command: ${nonRetriable.test(output) ? "non-retriable" : "no specific"} error detected: ${error}, output: ${kept}`;
+}
 /** One run of the command may take this long (gardener-node-agent's bound for an in-place reconcile). */
 const osUpdateRunMs = 10 * 60_000;
 
@@ -63,8 +88,8 @@ export async function runOsUpdate(command: string, args: string[], signal: Abort
   for (;;) {
     const outcome = await new Promise<{ error?: string; output: string }>((resolve) => {
       execFile(command, args, { timeout: osUpdateRunMs, killSignal: "SIGKILL", maxBuffer: 1 << 20, signal }, (err, stdout, stderr) => {
-        const output = `${stdout}${stderr}`.trim().replace(/\s*\n\s*/g, " ").slice(-2000);
-        resolve(err ? { error: describeError(err), output } : { output });
+        const output = `${stdout}${stderr}`;
+        resolve(err ? { error: goExecError(err, command), output } : { output });
       });
     });
     if (signal.aborted) return agentStops;
@@ -73,8 +98,8 @@ export async function runOsUpdate(command: string, args: string[], signal: Abort
     // before its own SIGTERM. systemd says "stopping" from the moment it queued the shutdown, before it
     // stops any unit: such an exit is no failure of the update, and the next boot judges it by os-release.
     if (await stopping()) return { stopped: "the machine is shutting down while the OS update command ran" };
-    const failure = `failed to execute OS update command ${[command, ...args].join(" ")}: ${outcome.error}${outcome.output ? `; output: ${outcome.output}` : ""}`;
-    if (!retry.retriable.test(outcome.output) || monotonicMs() + retry.intervalMs > deadline) return { failed: failure };
+    const retriable = retry.retriable.test(outcome.output);
+    if (!retriable || monotonicMs() + retry.intervalMs > deadline) return { failed: osUpdateFailure(outcome.error, outcome.output, retriable) };
     await abortableSleep(retry.intervalMs, signal);
     if (signal.aborted) return agentStops;
   }

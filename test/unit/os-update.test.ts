@@ -4,7 +4,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { machineBoot } from "../../src/host/boot-clock.ts";
-import { runOsUpdate } from "../../src/controllers/os-update.ts";
+import { osUpdateFailure, runOsUpdate } from "../../src/controllers/os-update.ts";
 import { decideOsUpdate, type OsUpdateInput, rolledBack } from "../../src/plan/os-update.ts";
 
 const boot1 = "b1/100";
@@ -70,20 +70,29 @@ describe("running the OS extension's command", () => {
     expect(cmd.runs()).toBe(3);
   });
 
-  test("any other failure ends it at once, naming the command, its exit and its output", async () => {
+  // The reason machine-controller-manager shows is gardener-node-agent's text, byte for byte (the differential test compares it too).
+  test("any other failure ends it at once, worded as gardener-node-agent words it: the kind of error, Go's exit text, the output as it was", async () => {
     const cmd = flaky("invalid", 5, "invalid arguments: --to 13");
-    const r = await runOsUpdate(cmd.path, ["--to", "13"], new AbortController().signal, running);
-    const failed = "failed" in r ? r.failed : "";
-    expect(failed).toContain(`failed to execute OS update command ${cmd.path} --to 13`);
-    expect(failed).toContain("invalid arguments: --to 13");
+    expect(await runOsUpdate(cmd.path, ["--to", "13"], new AbortController().signal, running)).toEqual({ failed: "failed to execute OS update command: non-retriable error detected: exit status 1, output: invalid arguments: --to 13\n" });
     expect(cmd.runs()).toBe(1);
+    const other = flaky("other", 5, "disk full");
+    expect(await runOsUpdate(other.path, [], new AbortController().signal, running)).toEqual({ failed: "failed to execute OS update command: no specific error detected: exit status 1, output: disk full\n" });
   });
 
-  test("network problems past the retries' time fail it", async () => {
+  test("network problems past the retries' time fail it, as gardener-node-agent's retry words its timeout", async () => {
     const cmd = flaky("timeout", 1000, "network problems");
     const r = await runOsUpdate(cmd.path, [], new AbortController().signal, { ...running, retry: { ...fast, timeoutMs: 100 } });
-    expect("failed" in r ? r.failed : "").toContain("network problems");
+    expect(r).toEqual({ failed: "failed to execute OS update command: retry failed with context deadline exceeded, last error: retriable error detected: exit status 1, output: network problems\n" });
     expect(cmd.runs()).toBeGreaterThan(1);
+  });
+
+  test("a command that is missing or killed is named as Go's os/exec names it", async () => {
+    expect(await runOsUpdate(`${dir}/missing`, [], new AbortController().signal, running)).toEqual({ failed: `failed to execute OS update command: no specific error detected: fork/exec ${dir}/missing: no such file or directory, output: ` });
+    expect(await runOsUpdate("/bin/sh", ["-c", "kill -KILL $$"], new AbortController().signal, running)).toEqual({ failed: "failed to execute OS update command: no specific error detected: signal: killed, output: " });
+  });
+
+  test("only the output's last 2,000 characters are kept (the Node's annotations are bounded)", () => {
+    expect(osUpdateFailure("exit status 1", `${"x".repeat(5000)}end`, false)).toBe(`failed to execute OS update command: no specific error detected: exit status 1, output: ${"x".repeat(1997)}end`);
   });
 
   // The reboot the command starts ends it (and the agent) with a SIGTERM to the agent's unit, and the
