@@ -1,10 +1,12 @@
 // Structured logs: one JSON object per line on stderr, which journald stores as the MESSAGE and
-// `journalctl -o cat | jq` reads back. Credentials are never passed to the logger in the first place.
+// `journalctl -o cat | jq` reads back; or, with the configuration's `logFormat: text`, a line for people
+// as gardener-node-agent's (zap's console encoder) is. Credentials are never passed to the logger in the first place.
 // When stderr is the journal, each line starts with its sd-daemon priority prefix ("<4>" for a
 // warning), which journald takes off and stores as PRIORITY, so `journalctl -p warning` works.
 import { fstatSync } from "node:fs";
 
 export type Level = "debug" | "info" | "warn" | "error";
+export type Format = "json" | "text";
 const order: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
 /** syslog priorities (sd-daemon(3)): err, warning, info, debug. */
 const priority: Record<Level, number> = { debug: 7, info: 6, warn: 4, error: 3 };
@@ -23,16 +25,25 @@ export interface Logger {
 }
 
 export function createLogger(
-  opts: { level?: Level; write?: (line: string, level: Level) => void; base?: Fields } = {},
+  opts: { level?: Level; format?: Format; write?: (line: string, level: Level) => void; base?: Fields } = {},
 ): Logger {
-  const shared = { min: order[opts.level ?? "info"], write: opts.write ?? writeStderr };
+  const shared = { min: order[opts.level ?? "info"], write: opts.write ?? writeStderr, format: formats[opts.format ?? "json"] };
   return make(shared, opts.base ?? {});
 }
 
-function make(shared: { min: number; write: (line: string, level: Level) => void }, base: Fields): Logger {
+type Shared = { min: number; write: (line: string, level: Level) => void; format: (ts: string, level: Level, msg: string, fields: Fields) => string };
+
+const formats: Record<Format, Shared["format"]> = {
+  json: (ts, level, msg, fields) => JSON.stringify({ ts, level, msg, ...fields }),
+  // zap's console encoder: time, level, message and the fields as JSON, tab-separated. The message's
+  // line breaks are escaped: one entry must stay one line, one journal record.
+  text: (ts, level, msg, fields) => [ts, level.toUpperCase(), msg.replaceAll("\n", "\\n"), ...(Object.keys(fields).length > 0 ? [JSON.stringify(fields)] : [])].join("\t"),
+};
+
+function make(shared: Shared, base: Fields): Logger {
   const emit = (level: Level, msg: string, fields?: Fields) => {
     if (order[level] < shared.min) return;
-    shared.write(JSON.stringify({ ts: new Date().toISOString(), level, msg, ...base, ...serialise(fields) }), level);
+    shared.write(shared.format(new Date().toISOString(), level, msg, { ...base, ...serialise(fields) }), level);
   };
   return {
     debug: (m, f) => emit("debug", m, f),

@@ -1,10 +1,11 @@
 // NodeAgentConfiguration (nodeagent.config.gardener.cloud/v1alpha1): gardener-node-agent's own
 // config file, read unchanged so trellis can replace it. Defaults and limits are Gardener's
-// (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go). Every field is acted on or
-// refused with an error naming it (docs/gardener-fields.md): a setting the operator wrote must never
-// be dropped silently. A key that is no field of Gardener's is ignored, as gardener-node-agent's
-// non-strict decoder ignores it, and said (a warning naming it): a newer Gardener's config must not keep
-// the agent from starting.
+// (pkg/apis/config/nodeagent/v1alpha1 defaults.go and validation.go). Every field is acted on, or
+// refused with an error naming it where gardener-node-agent refuses the value too, or, where trellis
+// takes a value without doing what it asks (protobuf, profiling), said (docs/gardener-fields.md): a
+// setting the operator wrote must never be dropped silently. A key that is no field of Gardener's is
+// ignored, as gardener-node-agent's non-strict decoder ignores it, and said (a warning naming it): a
+// newer Gardener's config must not keep the agent from starting.
 import * as v from "valibot";
 import { Buffer } from "node:buffer";
 import { decodeBase64 } from "./base64.ts";
@@ -12,8 +13,6 @@ import { decodeGardener } from "./gardener-decode.ts";
 import { object, record } from "./shapes.ts";
 import { parseGoDuration } from "./duration.ts";
 const json = "application/json";
-const unsupportedText = (why: string) => `not supported by trellis: ${why}`;
-const unsupported = (why: string) => () => unsupportedText(why);
 
 const duration = (min: { ms: number; text: string }) =>
   v.pipe(
@@ -50,45 +49,29 @@ export const NodeAgentConfigurationSchema = object({
     object({
       kubeconfig: v.optional(v.string(), ""),
       // Go writes a field it has no value for as its zero value (Gardener's rendered configuration has
-      // `qps: 0`), and Gardener's defaulting turns that into the default. trellis's client has no
-      // client-side rate limit: its requests are few and event-driven, below the default's 50/s and 100.
-      // A limit set on purpose is one it would not keep, so only the defaults are accepted.
-      qps: v.optional(v.pipe(v.number(), v.check((q) => q === 0 || q === 50, unsupported("trellis's API client has no client-side rate limit; only the default 50 (or 0) is accepted")), v.transform((): number => 50)), 50),
-      burst: v.optional(v.pipe(v.number(), v.integer(), v.check((b) => b === 0 || b === 100, unsupported("trellis's API client has no client-side rate limit; only the default 100 (or 0) is accepted")), v.transform((): number => 100)), 100),
-      acceptContentTypes: v.optional(v.pipe(v.string(), v.check((t) => t === "" || t.split(",").some((c) => c.trim() === json), unsupported(`trellis reads ${json} only; the list must be empty or include it`))), ""),
-      // Gardener's default, protobuf, is an encoding trellis's client does not speak: "" means JSON here.
-      contentType: v.optional(v.pipe(v.string(), v.check((t) => t === "" || t === json, unsupported(`trellis sends ${json} only; leave it empty or set ${json}`))), ""),
+      // `qps: 0`), and Gardener's defaulting turns 0 into 50 and 100. A negative qps is client-go's "no limit".
+      qps: v.optional(v.pipe(v.number(), v.transform((q) => (q === 0 ? 50 : q))), 50),
+      burst: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0, "must be non-negative"), v.transform((b) => (b === 0 ? 100 : b))), 100),
+      // trellis's client speaks JSON whatever these say: a value asking for more is reported (notActedOn).
+      acceptContentTypes: v.optional(v.string(), ""),
+      contentType: v.optional(v.string(), ""),
     }),
     {},
   ),
   logLevel: v.optional(v.pipe(v.picklist(["debug", "info", "error", ""]), v.transform((l) => l || "info")), "info"),
-  logFormat: v.optional(
-    v.pipe(
-      v.picklist(["json", "text", ""]),
-      v.check((f) => f !== "text", unsupported("trellis logs JSON lines only (journald keeps each as one message); use json")),
-      v.transform((): "json" => "json"),
-    ),
-    "json",
-  ),
+  logFormat: v.optional(v.pipe(v.picklist(["json", "text", ""]), v.transform((f) => f || "json")), "json"),
   server: v.optional(object({ healthProbes: server(2751), metrics: server(2752) }), {}),
   // gardener-node-agent v1.150 registers no feature gate of its own; trellis has none either, so any
   // gate named is one whose behaviour it cannot switch.
   featureGates: v.optional(
     v.pipe(
       record(v.string(), v.boolean()),
-      v.check((g) => Object.keys(g).length === 0, (i) => `${Object.keys(i.input as object).join(", ")}: ${unsupportedText("trellis has no feature gates (gardener-node-agent v1.150 registers none)")}`),
+      v.check((g) => Object.keys(g).length === 0, (i) => `${Object.keys(i.input as object).join(", ")}: not supported by trellis: trellis has no feature gates (gardener-node-agent v1.150 registers none)`),
     ),
     {},
   ),
-  // Profiling endpoints are not served by trellis: accepted only when off.
-  debugging: v.optional(
-    v.nullable(
-      object({
-        enableProfiling: v.optional(v.nullable(v.pipe(v.boolean(), v.check((b) => !b, unsupported("trellis serves no profiling endpoint"))))),
-        enableContentionProfiling: v.optional(v.nullable(v.pipe(v.boolean(), v.check((b) => !b, unsupported("trellis serves no profiling endpoint"))))),
-      }),
-    ),
-  ),
+  // trellis serves no profiling endpoint: a value asking for one is reported (notActedOn).
+  debugging: v.optional(v.nullable(object({ enableProfiling: v.optional(v.nullable(v.boolean())), enableContentionProfiling: v.optional(v.nullable(v.boolean())) }))),
   apiServer: v.optional(
     v.pipe(
       object({
@@ -176,11 +159,30 @@ function caBundlePem(base64: string): string | undefined {
 }
 
 
-/** `ignored`: the keys that are no field of Gardener's (and values a repeated key replaced), one line each. */
+/**
+ * `ignored`: what the file holds that trellis does not act on, one line each: keys that are no field of
+ * Gardener's, values a repeated key replaced, and values of Gardener's fields that trellis does not do.
+ */
 export type ConfigResult = { ok: true; config: NodeAgentConfiguration; ignored: string[] } | { ok: false; errors: string[] };
 
 /** Parses a NodeAgentConfiguration from YAML text; errors name the file and the field. */
 export function parseAgentConfig(text: string, source: string): ConfigResult {
   const r = decodeGardener(NodeAgentConfigurationSchema, "NodeAgentConfiguration", text, source);
-  return r.ok ? { ok: true, config: r.value, ignored: r.ignored } : r;
+  return r.ok ? { ok: true, config: r.value, ignored: [...r.ignored, ...notActedOn(r.value).map((line) => `${source}: ${line}`)] } : r;
+}
+
+/** Values gardener-node-agent acts on that trellis takes without doing what they ask: the agent runs as without them. */
+function notActedOn(config: NodeAgentConfiguration): string[] {
+  const { contentType, acceptContentTypes } = config.clientConnection;
+  const out: string[] = [];
+  if (contentType !== "" && contentType !== json) out.push(`clientConnection.contentType: ${contentType}: not acted on: trellis's client sends ${json}`);
+  if (acceptContentTypes.split(",").some((t) => t.trim() !== "" && t.trim() !== json)) {
+    out.push(`clientConnection.acceptContentTypes: ${acceptContentTypes}: not acted on: trellis's client accepts ${json} only`);
+  }
+  if (config.debugging?.enableProfiling) {
+    out.push("debugging.enableProfiling: true: not acted on: trellis serves no profiling endpoint");
+    // Without enableProfiling gardener-node-agent ignores it too.
+    if (config.debugging.enableContentionProfiling) out.push("debugging.enableContentionProfiling: true: not acted on: trellis serves no profiling endpoint");
+  }
+  return out;
 }

@@ -34,7 +34,7 @@ export function configFileIn(dir: string): string {
   throw new ConfigError(`--config-dir ${dir}: no config-v${version}.yaml, config-*.yaml or config.yaml in it`);
 }
 
-/** `ignored`: what the configuration holds that is not acted on (keys Gardener's type does not have), to be said. */
+/** `ignored`: what the configuration holds that is not acted on (keys Gardener's type does not have, values trellis does not do), to be said. */
 export function loadAgentConfig(dir: string): { file: string; config: NodeAgentConfiguration; ignored: string[] } {
   const file = configFileIn(dir);
   const r = parseAgentConfig(readFileSync(file, "utf8"), file);

@@ -61,7 +61,7 @@ export async function run(args: string[]): Promise<number> {
   if (waitMs === undefined || waitMs <= 0) throw new UsageError(`--wait ${values.wait}: not a positive duration (e.g. 15m, 90s)`);
   const configDir = resolve(values["config-dir"]);
   const { file, config, ignored } = loadAgentConfig(configDir);
-  const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel }).with({ command: "bootstrap" });
+  const log = createLogger({ level: config.logLevel === "error" ? "error" : config.logLevel, format: config.logFormat }).with({ command: "bootstrap" });
   log.info("bootstrap starting", { config: file });
   for (const field of ignored) log.warn("configuration field not acted on", { config: file, field });
   const files = createFiles("/");
@@ -149,7 +149,7 @@ export async function ensureAgentCredentials(o: {
   const ca = apiServerCa(config.apiServer, paths.clusterCa);
   const machine = await machineName(files, o.hostName);
   log.info("requesting a client certificate with the bootstrap token", { kubeconfig: paths.kubeconfig, because: problem, machineName: machine, server });
-  const kube = kubeFromConnection({ kind: "token-file", server, ca, tokenFile: paths.bootstrapToken });
+  const kube = kubeFromConnection({ kind: "token-file", server, ca, tokenFile: paths.bootstrapToken }, config.clientConnection);
   const request = await pendingRequest(files, machine, log);
   let certPem: string;
   try {

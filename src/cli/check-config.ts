@@ -7,7 +7,7 @@ import { UsageError } from "./errors.ts";
 const help = `usage: trellis check-config --config-dir DIR
 
 Finds and validates the NodeAgentConfiguration this version of trellis would use in DIR, prints
-the file it chose (and each key in it that is not acted on), and exits 0; exits 1 naming the file
+the file it chose (and each key or value in it that is not acted on), and exits 0; exits 1 naming the file
 and field when it cannot be used.`;
 
 export async function run(args: string[]): Promise<number> {

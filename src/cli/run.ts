@@ -60,7 +60,7 @@ export async function run(args: string[]): Promise<number> {
   if (!values["config-dir"]) throw new UsageError(`--config-dir is required\n\n${help}`);
   const configDir = values["config-dir"];
   const { file, config, ignored } = loadAgentConfig(configDir);
-  const log = createLogger({ level: config.logLevel });
+  const log = createLogger({ level: config.logLevel, format: config.logFormat });
   for (const field of ignored) log.warn("configuration field not acted on", { config: file, field });
   const runtime = runtimeSettings();
   if (runtime.warning) log.warn(runtime.warning, { reason: runtime.reason });
@@ -93,7 +93,7 @@ export async function run(args: string[]): Promise<number> {
     }
     connection = { kind: "kubeconfig", path: paths.kubeconfig };
   }
-  const kube = kubeFromConnection(connection);
+  const kube = kubeFromConnection(connection, config.clientConnection);
   if (kube.insecure) log.warn("TLS verification is disabled by the kubeconfig (insecure-skip-tls-verify)", { server: kube.server });
   log.info("trellis starting", { version, commit, config: file, server: kube.server, hostName, secret: controllers.operatingSystemConfig.secretName, runtime: { execArgv: runtime.execArgv, env: runtime.env } });
 
@@ -106,6 +106,9 @@ export async function run(args: string[]): Promise<number> {
   );
   const events = createEventRecorder({ kube, log });
   const metrics = createRegistry();
+  metrics
+    .gauge("trellis_config_not_acted_on", "Parts of the agent's configuration that are not acted on (keys Gardener's type does not have, values trellis takes without doing what they ask: protobuf, profiling); the journal names each at every start, check-config prints them.")
+    .set(ignored.length);
   const status = createStatusBoard({ files, log });
   // Bound before any controller starts: a port already taken ends the agent before it touched anything.
   const servers = await startServers({

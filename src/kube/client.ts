@@ -8,6 +8,7 @@ import { type Cluster, type Configuration, createConfiguration, KubeConfig, Obse
 import { parse as parseYaml } from "yaml";
 import { version } from "../version.ts";
 import type { Connection } from "./connection.ts";
+import { type RateLimit, type Throttle, throttle } from "./rate-limit.ts";
 
 export type Kube = {
   config: KubeConfig;
@@ -16,13 +17,17 @@ export type Kube = {
   caSource: string;
   /** True when the kubeconfig disabled TLS verification. */
   insecure: boolean;
+  /** Awaited before every request (apiClient's and kubeGet's): the client-side rate limit; none when absent. */
+  throttle?: Throttle;
 };
 
-export function kubeFromConnection(conn: Connection): Kube {
+/** `limit`: the agent configuration's clientConnection qps and burst; without it, requests are not limited. */
+export function kubeFromConnection(conn: Connection, limit?: RateLimit): Kube {
   const config = conn.kind === "kubeconfig" ? fromKubeconfigFile(conn.path) : fromTokenFile(conn);
   const cluster = config.getCurrentCluster();
   if (!cluster) throw new Error(`${describe(conn)}: no current cluster (check current-context)`);
-  return { config, server: cluster.server, caSource: caSource(cluster, conn), insecure: cluster.skipTLSVerify };
+  const limited = limit && throttle(limit);
+  return { config, server: cluster.server, caSource: caSource(cluster, conn), insecure: cluster.skipTLSVerify, ...(limited ? { throttle: limited } : {}) };
 }
 
 function describe(conn: Connection): string {
@@ -114,9 +119,11 @@ export function apiClient<T>(kube: Kube, Api: new (config: Configuration) => T, 
     middleware: [
       {
         pre: (ctx) => {
-          ctx.setSignal(opts.signal ? AbortSignal.any([AbortSignal.timeout(timeoutMs), opts.signal]) : AbortSignal.timeout(timeoutMs));
+          // The timeout counts the wait for the rate limit too, as client-go's request context does.
+          const signal = opts.signal ? AbortSignal.any([AbortSignal.timeout(timeoutMs), opts.signal]) : AbortSignal.timeout(timeoutMs);
+          ctx.setSignal(signal);
           ctx.setHeaderParam("User-Agent", `trellis/${version}`);
-          return new Observable(Promise.resolve(ctx));
+          return new Observable((kube.throttle?.(signal) ?? Promise.resolve()).then(() => ctx));
         },
         post: (res) => new Observable(Promise.resolve(res)),
       },

@@ -15,6 +15,7 @@ export async function kubeGet(kube: Kube, path: string, query: Record<string, st
   const ctx = new RequestContext(url.toString(), HttpMethod.GET);
   ctx.setHeaderParam("Accept", "application/json");
   ctx.setSignal(signal);
+  await kube.throttle?.(signal);
   await kube.config.applySecurityAuthentication(ctx);
   return library.send(ctx).toPromise();
 }

@@ -7,23 +7,14 @@ import { agentUnit } from "../../src/api/agent-unit.ts";
 import { type AgentNode, mainPid, putOscSecret, registerNode, startAgentNode, unitProperty, waitApplied } from "../harness/agent.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { waitFor } from "../harness/exec.ts";
+import { oneFileOsc } from "../fixtures/one-file-osc.ts";
 
 const secretName = "gardener-node-agent-ops";
 const configPath = "/var/lib/gardener-node-agent/config.yaml";
 /** Short, so that the SIGSTOP test takes seconds; the unit trellis writes says 60 s. */
 const watchdogSec = 3;
 
-const osc = (version: number) => `apiVersion: extensions.gardener.cloud/v1alpha1
-kind: OperatingSystemConfig
-metadata: {name: ops, namespace: kube-system}
-spec:
-  type: debian
-  purpose: reconcile
-  files:
-  - path: /etc/ops/version
-    permissions: 0644
-    content: {inline: {encoding: "", data: "${version}\\n"}}
-`;
+const osc = (version: number) => oneFileOsc("ops", "/etc/ops/version", `${version}\n`);
 
 let cluster: Cluster;
 let agent: AgentNode;

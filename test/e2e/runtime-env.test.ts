@@ -11,18 +11,9 @@ import { repoRoot, trellisBinary } from "../harness/binary.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { runDir, runOk, waitFor } from "../harness/exec.ts";
 import type { Node } from "../harness/node.ts";
+import { oneFileOsc } from "../fixtures/one-file-osc.ts";
 
-const osc = `apiVersion: extensions.gardener.cloud/v1alpha1
-kind: OperatingSystemConfig
-metadata: {name: runtime, namespace: kube-system}
-spec:
-  type: debian
-  purpose: reconcile
-  files:
-  - path: /etc/runtime-env/ok
-    permissions: 0644
-    content: {inline: {encoding: "", data: "ok\\n"}}
-`;
+const osc = oneFileOsc("runtime", "/etc/runtime-env/ok", "ok\n");
 
 let cluster: Cluster;
 const nodes: Node[] = [];

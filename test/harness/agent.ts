@@ -59,6 +59,8 @@ export type AgentNodeOptions = {
   unit?: string;
   /** More of the configuration's `controllers` section, as YAML indented by two spaces (e.g. "  drift: {mode: report}\n"). */
   controllers?: string;
+  /** More top-level fields of the configuration, as YAML (e.g. "logFormat: text\n"). */
+  config?: string;
   /** Environment of the agent's process, set in a drop-in of its unit (e.g. a runtime knob a benchmark compares). */
   environment?: Record<string, string>;
 };
@@ -93,7 +95,7 @@ kind: NodeAgentConfiguration
 server:
   healthProbes: {port: ${healthPort}}
   metrics: {port: ${metricsPort}}
-controllers:
+${opts.config ?? ""}controllers:
   operatingSystemConfig:
     secretName: ${opts.secretName}
     kubernetesVersion: 1.35.4

@@ -118,14 +118,10 @@ controllers:
     ["wrong kind", minimal.replace("kind: NodeAgentConfiguration", "kind: Pod"), "kind:"],
     ["port out of range", minimal + "server: {metrics: {port: 70000}}\n", "server.metrics.port:"],
     ["not YAML", "controllers: [unclosed", "config.yaml: not valid YAML"],
-    // Fields gardener-node-agent acts on and trellis cannot: refused, never dropped (docs/gardener-fields.md).
-    ["a qps limit", minimal + "clientConnection: {qps: 100}\n", "clientConnection.qps: not supported by trellis: trellis's API client has no client-side rate limit"],
-    ["a burst limit", minimal + "clientConnection: {burst: 130}\n", "clientConnection.burst: not supported by trellis"],
-    ["protobuf", minimal + "clientConnection: {contentType: application/vnd.kubernetes.protobuf}\n", "clientConnection.contentType: not supported by trellis: trellis sends application/json only"],
-    ["protobuf only accepted", minimal + "clientConnection: {acceptContentTypes: application/vnd.kubernetes.protobuf}\n", "clientConnection.acceptContentTypes: not supported by trellis"],
-    ["text logs", minimal + "logFormat: text\n", "logFormat: not supported by trellis: trellis logs JSON lines only"],
+    // What gardener-node-agent refuses too (its validation, or a feature gate it does not know).
+    ["a negative burst", minimal + "clientConnection: {burst: -1}\n", "clientConnection.burst: must be non-negative"],
+    ["an unknown logFormat", minimal + "logFormat: yaml\n", "logFormat:"],
     ["a feature gate", minimal + "featureGates: {SomeGate: true}\n", "featureGates: SomeGate: not supported by trellis: trellis has no feature gates"],
-    ["profiling", minimal + "debugging: {enableProfiling: true}\n", "debugging.enableProfiling: not supported by trellis"],
     ["a kubelet data volume of no size", minimal + "bootstrap: {kubeletDataVolumeSize: 0}\n", "bootstrap.kubeletDataVolumeSize:"],
     ["a caBundle that is no PEM", minimal + "apiServer: {caBundle: aGVsbG8=}\n", "apiServer.caBundle: not base64 of a PEM certificate bundle"],
     ["caFile and caBundle", minimal + `apiServer: {caFile: /ca.crt, caBundle: ${Buffer.from(pem).toString("base64")}}\n`, "apiServer: caFile and caBundle are both set"],
@@ -133,6 +129,45 @@ controllers:
     const r = parseAgentConfig(text, "config.yaml");
     expect(r.ok).toBe(false);
     if (!r.ok) expect(r.errors.join("\n")).toContain(expected);
+  });
+
+  // Values gardener-node-agent accepts: trellis acts on them (the rate limit, the log format) …
+  test.each([
+    ["Gardener's zero values", "clientConnection: {qps: 0, burst: 0}\n", { qps: 50, burst: 100 }],
+    ["a qps and burst of the operator's", "clientConnection: {qps: 2.5, burst: 130}\n", { qps: 2.5, burst: 130 }],
+    ["a negative qps (client-go: no limit)", "clientConnection: {qps: -1}\n", { qps: -1, burst: 100 }],
+  ])("%s: the rate limit acted on", (_name, text, limit) => {
+    const r = parseAgentConfig(minimal + text, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.clientConnection).toMatchObject(limit);
+    expect(r.ignored).toEqual([]);
+  });
+
+  test.each([["text", "text"], ["json", "json"], ['""', "json"]])("logFormat %s is acted on: %s", (value, format) => {
+    const r = parseAgentConfig(`${minimal}logFormat: ${value}\n`, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.logFormat).toBe(format as "json" | "text");
+    expect(r.ignored).toEqual([]);
+  });
+
+  // … or take them without doing what they ask, and say so: the agent starts.
+  test.each([
+    ["protobuf", "clientConnection: {contentType: application/vnd.kubernetes.protobuf}\n", ["clientConnection.contentType: application/vnd.kubernetes.protobuf: not acted on: trellis's client sends application/json"]],
+    ["JSON named", "clientConnection: {contentType: application/json, acceptContentTypes: application/json}\n", []],
+    ["protobuf accepted only", "clientConnection: {acceptContentTypes: application/vnd.kubernetes.protobuf}\n", ["clientConnection.acceptContentTypes: application/vnd.kubernetes.protobuf: not acted on: trellis's client accepts application/json only"]],
+    ["protobuf accepted before JSON", "clientConnection: {acceptContentTypes: 'application/vnd.kubernetes.protobuf,application/json'}\n", ["clientConnection.acceptContentTypes: application/vnd.kubernetes.protobuf,application/json: not acted on: trellis's client accepts application/json only"]],
+    ["profiling", "debugging: {enableProfiling: true}\n", ["debugging.enableProfiling: true: not acted on: trellis serves no profiling endpoint"]],
+    [
+      "profiling with contention",
+      "debugging: {enableProfiling: true, enableContentionProfiling: true}\n",
+      ["debugging.enableProfiling: true: not acted on: trellis serves no profiling endpoint", "debugging.enableContentionProfiling: true: not acted on: trellis serves no profiling endpoint"],
+    ],
+    // gardener-node-agent sets the block profile rate only when it serves profiles.
+    ["contention profiling alone", "debugging: {enableContentionProfiling: true}\n", []],
+  ])("%s is accepted, and what is not acted on is named", (_name, text, lines) => {
+    const r = parseAgentConfig(minimal + text, "config.yaml");
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.ignored).toEqual(lines.map((l) => `config.yaml: ${l}`));
   });
 
   // gardener-node-agent decodes its configuration as it decodes the OSC, not strictly (cmd/gardener-node-agent/app/options.go).

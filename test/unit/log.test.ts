@@ -16,6 +16,18 @@ test("one JSON object per line, with base fields, below-level lines dropped", ()
   expect(b).toMatchObject({ level: "error", err: "outer: inner" });
 });
 
+test("logFormat text: time, level, message and the fields as JSON, tab-separated, one line each (zap's console encoder)", () => {
+  const lines: string[] = [];
+  const log = createLogger({ format: "text", write: (l) => lines.push(l) }).with({ controller: "osc" });
+  log.warn("configuration field not acted on", { field: "logFormat" });
+  createLogger({ format: "text", write: (l) => lines.push(l) }).error("two\nlines");
+  const [a, b] = lines.map((l) => l.split("\t"));
+  expect(a?.[0]).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+  expect(a?.slice(1)).toEqual(["WARN", "configuration field not acted on", '{"controller":"osc","field":"logFormat"}']);
+  // No fields, no fourth column; a line break in the message stays in the one line.
+  expect(b?.slice(1)).toEqual(["ERROR", "two\\nlines"]);
+});
+
 test("a cause already quoted in the message is not repeated", () => {
   expect(describeError(new Error("reading x: boom", { cause: new Error("boom") }))).toBe("reading x: boom");
 });
