@@ -3,10 +3,12 @@
 // system:bootstrap:<id> in group system:bootstrappers), the RBAC of docs/rbac.md for CSRs, and an
 // approver's hand: nothing auto-approves kube-apiserver-client CSRs in the test cluster; once approved,
 // kube-controller-manager signs them with the client CA.
+import { Buffer } from "node:buffer";
 import { randomBytes } from "node:crypto";
 import { CertificatesV1Api, CoreV1Api, RbacAuthorizationV1Api, type V1CertificateSigningRequest } from "@kubernetes/client-node";
 import type { Cluster } from "./cluster.ts";
-import { waitFor } from "./exec.ts";
+import { signClientCsr } from "./certs.ts";
+import { runDir, waitFor } from "./exec.ts";
 
 const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
 const randomToken = (n: number) => Array.from(randomBytes(n), (b) => alphabet[b % alphabet.length]).join("");
@@ -77,4 +79,41 @@ export async function decideCsr(cluster: Cluster, name: string, decision: "Appro
   const condition = { type: decision, status: "True", reason, message, lastUpdateTime: new Date() };
   csr.status = { ...csr.status, conditions: [...(csr.status?.conditions ?? []), condition] };
   await api.replaceCertificateSigningRequestApproval({ name, body: csr });
+}
+
+/**
+ * kube-controller-manager's CSR signer and an approver, played by the test for a cluster started without
+ * the controller manager: every CSR whose requesting user `approve` accepts is approved and signed with
+ * the cluster's client CA (valid for 30 days from an hour ago), until stop().
+ */
+export function startCsrSigner(cluster: Cluster, approve: (csr: V1CertificateSigningRequest) => boolean): { stop(): Promise<void> } {
+  const api = csrApi(cluster);
+  const dir = runDir("csr-signer");
+  const done = new Set<string>();
+  let stopped = false;
+  const pass = async () => {
+    for (const csr of (await api.listCertificateSigningRequest()).items) {
+      const name = csr.metadata?.name ?? "";
+      if (done.has(name) || csr.status?.certificate || !approve(csr)) continue;
+      done.add(name);
+      await decideCsr(cluster, name, "Approved", "ParityTest", "approved by the test's signer");
+      const now = Date.now();
+      const certPem = await signClientCsr({ dir, csrPem: Buffer.from(csr.spec.request, "base64").toString("utf8"), notBefore: new Date(now - 3_600_000), notAfter: new Date(now + 30 * 86_400_000), ca: { certFile: cluster.clientCaFile, keyFile: cluster.clientCaKeyFile } });
+      const signed = await api.readCertificateSigningRequest({ name });
+      signed.status = { ...signed.status, certificate: Buffer.from(certPem).toString("base64") };
+      await api.replaceCertificateSigningRequestStatus({ name, body: signed });
+    }
+  };
+  const loop = (async () => {
+    while (!stopped) {
+      await pass();
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  })();
+  return {
+    stop: async () => {
+      stopped = true;
+      await loop;
+    },
+  };
 }

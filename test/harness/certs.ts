@@ -23,10 +23,29 @@ export async function issueClientCert(opts: {
   notAfter: Date;
   ca?: { certFile: string; keyFile: string };
 }): Promise<IssuedCert> {
-  const dir = `${opts.dir}/certs-${process.pid}-${++issued}`;
-  mkdirSync(dir, { recursive: true });
+  const { dir, cnf } = signingDir(opts.dir);
   const esc = (v: string) => v.replace(/[\\/+=,]/g, "\\$&");
   const subj = [...(opts.organizations ?? []).map((o) => `/O=${esc(o)}`), `/CN=${esc(opts.commonName)}`].join("");
+  const keyFile = `${dir}/client.key`;
+  const certFile = `${dir}/client.crt`;
+  await runOk(["openssl", "req", "-new", ...cnf, "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-subj", subj, "-keyout", keyFile, "-out", `${dir}/client.csr`]);
+  const signer = opts.ca ? ["-cert", opts.ca.certFile, "-keyfile", opts.ca.keyFile] : ["-selfsign", "-keyfile", keyFile];
+  await sign(cnf, signer, opts, `${dir}/client.csr`, certFile);
+  return { certFile, keyFile, certPem: readFileSync(certFile, "utf8"), keyPem: readFileSync(keyFile, "utf8") };
+}
+
+/** Signs a PEM certificate request as a client certificate (its subject kept) with the CA: what a CSR signer does. */
+export async function signClientCsr(opts: { dir: string; csrPem: string; notBefore: Date; notAfter: Date; ca: { certFile: string; keyFile: string } }): Promise<string> {
+  const { dir, cnf } = signingDir(opts.dir);
+  writeFileSync(`${dir}/client.csr`, opts.csrPem);
+  await sign(cnf, ["-cert", opts.ca.certFile, "-keyfile", opts.ca.keyFile], opts, `${dir}/client.csr`, `${dir}/client.crt`);
+  return readFileSync(`${dir}/client.crt`, "utf8");
+}
+
+/** A directory of its own with openssl's CA configuration (a client certificate profile). */
+function signingDir(parent: string): { dir: string; cnf: string[] } {
+  const dir = `${parent}/certs-${process.pid}-${++issued}`;
+  mkdirSync(dir, { recursive: true });
   writeFileSync(`${dir}/index.txt`, "");
   writeFileSync(
     `${dir}/openssl.cnf`,
@@ -51,14 +70,12 @@ keyUsage = critical,digitalSignature
 extendedKeyUsage = clientAuth
 `,
   );
-  const keyFile = `${dir}/client.key`;
-  const certFile = `${dir}/client.crt`;
-  const cnf = ["-config", `${dir}/openssl.cnf`];
-  await runOk(["openssl", "req", "-new", ...cnf, "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-subj", subj, "-keyout", keyFile, "-out", `${dir}/client.csr`]);
-  const signer = opts.ca ? ["-cert", opts.ca.certFile, "-keyfile", opts.ca.keyFile] : ["-selfsign", "-keyfile", keyFile];
+  return { dir, cnf: ["-config", `${dir}/openssl.cnf`] };
+}
+
+async function sign(cnf: string[], signer: string[], dates: { notBefore: Date; notAfter: Date }, csrFile: string, certFile: string): Promise<void> {
   await runOk([
     "openssl", "ca", "-batch", ...cnf, "-create_serial", "-notext", "-preserveDN", "-extensions", "client",
-    "-startdate", asn1Time(opts.notBefore), "-enddate", asn1Time(opts.notAfter), ...signer, "-in", `${dir}/client.csr`, "-out", certFile,
+    "-startdate", asn1Time(dates.notBefore), "-enddate", asn1Time(dates.notAfter), ...signer, "-in", csrFile, "-out", certFile,
   ]);
-  return { certFile, keyFile, certPem: readFileSync(certFile, "utf8"), keyPem: readFileSync(keyFile, "utf8") };
 }

@@ -96,7 +96,7 @@ export const deliberate: DeliberateRow[] = [
     match: [
       { step: "cri-sandbox-empty", area: "restarted", key: "containerd\\.service", gna: "restarted", trellis: "not restarted" },
       // From then on the two config.toml differ in the sandbox image (and runc's type, row containerd-runtime-type).
-      { step: "cri-sandbox-empty|readiness-probe|readiness-probe-unreachable|readiness-probe-unreachable-removed|serial|delay-annotation|delayed|delayed-serial|unknown-field-content|unknown-field-spec|unknown-top-level-anchor|dropin-repeated|dropin-not-conf|same-path-spec-status|registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/containerd/config\\.toml", ignoring: `${runcType}|"sandbox_image":\\s*"[^"]*"` },
+      { since: "cri-sandbox-empty", area: "file", key: "/etc/containerd/config\\.toml", ignoring: `${runcType}|"sandbox_image":\\s*"[^"]*"` },
     ],
   },
   {
@@ -119,7 +119,7 @@ export const deliberate: DeliberateRow[] = [
     trellis: "Writes the later entry too, and when it leaves, the OSC's remaining entry: the file has what the OSC now says (a unit listing it restarts).",
     reason: "The node converges on the OSC instead of keeping content no OSC has any more; gardenlet reads the checksum, written by both.",
     match: [
-      { step: "registry-cacert-missing|big-osc|invalid-yaml|recover", area: "file", key: "/etc/parity/plain\\.conf" },
+      { since: "registry-cacert-missing", area: "file", key: "/etc/parity/plain\\.conf" },
       { step: "registry-cacert-missing", area: "restarted", key: "parity-a\\.service", gna: "not restarted", trellis: "restarted" },
     ],
   },
@@ -128,7 +128,11 @@ export const deliberate: DeliberateRow[] = [
     gna: "After a CA rotation gets a new kubeconfig and restarts itself (reconciler.go ~945–1048).",
     trellis: "Renews its client certificate and switches its client to it in place; no restart.",
     reason: "The same CSR, Lease, checksum and update-result; no Lease gap and no relist of every watch. The old CA stays trusted until the rotation completes.",
-    match: [],
+    match: [
+      { step: "mcm-ready-ca", area: "restarted", key: "gardener-node-agent\\.service", gna: "restarted", trellis: "not restarted" },
+      // gardener-node-agent's restart runs its unit check at once; trellis's comes at its period.
+      { step: "mcm-ready-ca|mcm-read-ca", area: "condition", key: "SystemdUnitsReady", trellis: "absent" },
+    ],
     assertedBy: "test/e2e/in-place.test.ts: the CA rotation test (agent PID unchanged, the audit log shows the new certificate's credential-id)",
   },
   {
@@ -136,7 +140,8 @@ export const deliberate: DeliberateRow[] = [
     gna: "Deletes kubelet's bootstrap kubeconfig and the bootstrap token at each changed-OSC reconcile once the Node exists, before the checksum patch.",
     trellis: "Looks after every reconcile (no-op ones too), between reconciles, once an OSC is applied, the Node exists and kubelet has its own credentials: after the checksum report.",
     reason: "A kubelet without its certificate yet keeps its bootstrap credential; gardenlet and machine-controller-manager read neither file.",
-    match: [],
+    // After the CA rotation kubelet (a stand-in in the differential run) has not bootstrapped again yet.
+    match: [{ area: "file", key: "/var/lib/kubelet/kubeconfig-bootstrap", gna: "absent" }],
     assertedBy: "test/unit/bootstrap-credentials.test.ts; test/e2e/agent.test.ts \"stay until…\"",
   },
   {
@@ -274,6 +279,46 @@ export const deliberate: DeliberateRow[] = [
     reason: "A takeover restarts nothing the OSC did not change; the checksum is written as before.",
     match: [],
     assertedBy: "test/unit/plan.test.ts: taking over a node; test/e2e/gardener-round-trip.test.ts",
+  },
+  {
+    id: "osc-checker-events",
+    gna: "At each start compares the last-applied OSC with the disk and emits Warning events (FileMissing, FileMismatch, UnitMismatch, DropInMismatch, UnitEnableMismatch, DependencyMissing …; bootstrappers/file_consistency_bootstrapper.go), repairing nothing; a file whose hostName names another host, never written here, is reported FileMissing.",
+    trellis: "Watches the OSC's files and units all the time (controllers/drift.ts): a change is repaired and reported (DriftRepaired; DriftDetected in mode report), at start and after; files for another host are not looked at.",
+    reason: "The node converges where gardener-node-agent only warns, and no false warning for another host's files; events are for people, gardenlet and machine-controller-manager read none of them.",
+    match: [{ area: "event", key: "Warning/(FileMissing|FileMismatch|FileReadError|FileDecodeError|FileUnsupportedEncoding|UnitFileMissing|UnitMismatch|DropInMissing|DropInMismatch|UnitEnableMismatch|DependencyMissing)", gna: "present", trellis: "absent" }],
+    assertedBy: "test/e2e/drift.test.ts",
+  },
+  {
+    id: "agent-config-rate-limit",
+    gna: "Applies clientConnection.qps/burst only to a client built from clientConnection.kubeconfig or $KUBECONFIG, and to its bootstrap-token client; with its own credentials kubeconfig it runs at client-go's defaults (5/s, burst 10, per resource kind's client).",
+    trellis: "Keeps one token bucket of the configured qps/burst (Gardener's defaults 50/100 for 0) on every request, watch starts included.",
+    reason: "The limit an operator writes holds on every connection; gardenlet and machine-controller-manager see objects, never the pacing of one node's few requests.",
+    match: [],
+    assertedBy: "test/e2e/agent-config-fields.test.ts: its requests keep clientConnection's rate limit; test/unit/rate-limit.test.ts",
+  },
+  {
+    id: "agent-config-json-only",
+    gna: "Speaks protobuf (its default) or what contentType/acceptContentTypes name.",
+    trellis: "Speaks JSON whatever they say; a value asking for another encoding is accepted and named as not acted on (journal at every start, check-config, trellis_config_not_acted_on).",
+    reason: "The same objects and semantics over the wire; only the bytes differ.",
+    match: [],
+    assertedBy: "test/unit/agent-config.test.ts: protobuf; test/e2e/agent-config-fields.test.ts: it starts, applies an OSC, and its journal names each value it does not act on",
+  },
+  {
+    id: "agent-config-no-pprof",
+    gna: "Serves /debug/pprof on its metrics port when debugging.enableProfiling is true (and the block profile with enableContentionProfiling).",
+    trellis: "Serves no profiling endpoint; the values are accepted and named as not acted on.",
+    reason: "An operator's tool that neither gardenlet nor machine-controller-manager calls; one endpoint fewer exposing the process's internals.",
+    match: [],
+    assertedBy: "test/unit/agent-config.test.ts: profiling, profiling with contention; test/e2e/agent-config-fields.test.ts",
+  },
+  {
+    id: "agent-config-text-log-format",
+    gna: "logFormat text: zap's console line (local time, level, logger name, message, the fields as JSON).",
+    trellis: "logFormat text: UTC time, level, message, the fields as compact JSON, tab-separated; a line break in the message escaped (one journal record per entry).",
+    reason: "Read by people and journald only.",
+    match: [],
+    assertedBy: "test/unit/log.test.ts: logFormat text; test/e2e/agent-config-fields.test.ts",
   },
   {
     id: "glibc",

@@ -8,13 +8,19 @@ export type ValueMatcher = string | "absent";
  * `ignoring`: the two contents (a file's text, TOML as its parsed value) are the same once every match of
  * this expression is taken out of both: a row that allows one setting, not every difference of the file.
  */
-export type Matcher = { step?: string; area?: Area; key?: string; gna?: ValueMatcher; trellis?: ValueMatcher; ignoring?: string };
+/**
+ * `since`: a step id; the matcher holds at that step and every one after it in the scenario (a difference
+ * that stays once made, such as a file no later step writes again).
+ */
+export type Matcher = { step?: string; since?: string; area?: Area; key?: string; gna?: ValueMatcher; trellis?: ValueMatcher; ignoring?: string };
 
 const valueMatches = (m: ValueMatcher | undefined, v: string | undefined) => m === undefined || (m === "absent" ? v === undefined : v !== undefined && new RegExp(m).test(v));
 
-export function matches(m: Matcher, step: string, d: Difference): boolean {
+/** `order`: the scenario's step ids in order (for `since`). */
+export function matches(m: Matcher, step: string, d: Difference, order: readonly string[] = []): boolean {
   return (
     (m.step === undefined || new RegExp(`^(?:${m.step})$`).test(step)) &&
+    (m.since === undefined || (order.includes(m.since) && order.indexOf(step) >= order.indexOf(m.since))) &&
     (m.area === undefined || m.area === d.area) &&
     (m.key === undefined || new RegExp(`^(?:${m.key})$`).test(d.key)) &&
     valueMatches(m.gna, d.gna) &&

@@ -7,9 +7,9 @@ import { deliberate } from "./deliberate.ts";
 import { knownItems } from "./known.ts";
 import { matches } from "./match.ts";
 import { type Osc, render, unitNames } from "./osc.ts";
-import { oscOutcome } from "./settle.ts";
+import { oscOutcome, settle } from "./settle.ts";
 import { type Snapshot, snapshot } from "./snapshot.ts";
-import { startOsc, type Step } from "./steps.ts";
+import { startOsc, type Step, steps as scenario } from "./steps.ts";
 import { foreignUnit, putBoth, type Side, sides, type World } from "./twins.ts";
 
 export type Classified = Difference & {
@@ -28,7 +28,8 @@ export type Report = {
   failing: number;
 };
 
-const alwaysWatched = [foreignUnit, "containerd.service", "gardener-node-agent.service"];
+const scenarioOrder = scenario.map((s) => s.id);
+const alwaysWatched = [foreignUnit, "containerd.service", "gardener-node-agent.service", "kubelet.service"];
 
 export async function runParity(w: World, steps: Step[], progress: (msg: string) => void = () => {}): Promise<Report> {
   let model: Osc = startOsc();
@@ -36,6 +37,8 @@ export async function runParity(w: World, steps: Step[], progress: (msg: string)
   const snap = async () => Object.fromEntries(await Promise.all(sides.map(async (s) => [s, await snapshot(w, w.twins[s], [...units])] as const))) as Record<Side, Snapshot>;
   let before = await snap();
   let previous: Difference[] = [];
+  /** The checksum both OSC Secrets carry now (a one-off step's too): what an event's outcome may wait for. */
+  let current: string | undefined;
   const reports: StepReport[] = [];
   const used = new Set<string>();
   for (const [i, step] of steps.entries()) {
@@ -49,19 +52,28 @@ export async function runParity(w: World, steps: Step[], progress: (msg: string)
       const since = Date.now();
       checksum = await putBoth(w, step.render?.(next, w.env) ?? render(next), step.secretAnnotations);
       const sum = checksum;
+      current = sum;
       outcomes = await bothDecide((s) => oscOutcome(w.twins[s], sum, since, { ...(step.timeoutMs ? { timeoutMs: step.timeoutMs } : {}), ...(step.gnaHold ? { gnaHold: step.gnaHold } : {}) }));
       if (!step.oneOff) model = next;
     } else {
       const since = Date.now();
       await step.act(w);
-      outcomes = await bothDecide((s) => step.outcome(w, w.twins[s], since));
+      const sum = current;
+      outcomes = await bothDecide((s) => step.outcome(w, w.twins[s], since, sum));
+    }
+    await step.after?.(w);
+    if (step.settled) {
+      const settled = step.settled;
+      const after = await bothDecide((s) => settle(w.twins[s], settled.what, async () => ((await settled.check(w, w.twins[s])) ? { result: "done" as const, evidence: settled.what } : undefined)));
+      // Not settled is a difference of its own: the outcome says which agent never got there.
+      for (const s of sides) if (after[s].result === "timeout") outcomes[s] = { result: "timeout", evidence: `decided (${outcomes[s].result}), then ${after[s].evidence}` };
     }
     const after = await snap();
     const found = differences(before, after, outcomes);
     const classified = found.map((d): Classified => {
-      const row = deliberate.find((r) => r.match.some((m) => matches(m, step.id, d)));
+      const row = deliberate.find((r) => r.match.some((m) => matches(m, step.id, d, scenarioOrder)));
       if (row) used.add(row.id);
-      const item = row ? undefined : knownItems.find((k) => k.match.some((m) => matches(m, step.id, d)));
+      const item = row ? undefined : knownItems.find((k) => k.match.some((m) => matches(m, step.id, d, scenarioOrder)));
       return { ...d, first: !previous.some((p) => sameDifference(p, d)), ...(row ? { deliberate: row.id } : {}), ...(item ? { issueItem: item.item } : {}) };
     });
     const seconds = Math.round((performance.now() - t0) / 100) / 10;

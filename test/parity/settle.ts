@@ -42,16 +42,18 @@ export async function settle(t: Twin, what: string, decide: () => Promise<Outcom
   }
 }
 
-/** The outcome of an OSC `checksum` put into the agent's Secret at `sinceMs`. */
 /**
  * The outcome of an OSC `checksum` put into the agent's Secret at `sinceMs`. `gnaHold`: a log line that is
  * gardener-node-agent's decision to wait in this step (beside its in-place and static-pod holds).
+ * `pastHold`: the step ends a hold the agents were in (a drain, a mirror pod Ready), so a hold is no
+ * decision yet: only applied or an error is (or the timeout).
  */
-export function oscOutcome(t: Twin, checksum: string, sinceMs: number, opts: { timeoutMs?: number; gnaHold?: string } = {}): Promise<Outcome> {
+export function oscOutcome(t: Twin, checksum: string, sinceMs: number, opts: { timeoutMs?: number; gnaHold?: string; pastHold?: boolean } = {}): Promise<Outcome> {
   const short = checksum.slice(0, 12);
-  return settle(t, `decided on OSC ${short}`, async () => {
+  return settle(t, `decided on OSC ${short}${opts.pastHold ? " past its hold" : ""}`, async () => {
     const node = await t.core.readNode({ name: t.name });
-    return t.side === "trellis" ? trellisDecision(node, checksum) : gnaDecision(t, node, checksum, sinceMs, opts.gnaHold);
+    const decision = t.side === "trellis" ? trellisDecision(node, checksum) : await gnaDecision(t, node, checksum, sinceMs, opts.gnaHold);
+    return opts.pastHold && decision?.result === "held" ? undefined : decision;
   }, opts.timeoutMs);
 }
 
@@ -70,8 +72,9 @@ async function gnaDecision(t: Twin, node: V1Node, checksum: string, sinceMs: num
   if (node.metadata?.annotations?.[appliedAnnotation] === checksum) return { result: "applied", evidence: `checksum/cloud-config-data=${checksum.slice(0, 12)}` };
   const lines = await agentLog(t, sinceMs);
   const errors = lines.filter((l) => l.msg === "Reconciler error" && l.fields.controller === "operatingsystemconfig").map((l) => String(l.fields.error));
-  const repeated = errors.find((e, i) => errors.indexOf(e) !== i);
-  if (repeated !== undefined) return { result: "error", evidence: repeated };
+  // A terminal error (controller-runtime's reconcile.TerminalError) is not retried: a decision at once.
+  const decided = errors.find((e, i) => errors.indexOf(e) !== i) ?? errors.find((e) => e.startsWith("terminal error: "));
+  if (decided !== undefined) return { result: "error", evidence: decided };
   const hold = lines.find((l) => [...gnaHolds, ...(stepHold ? [stepHold] : [])].some((h) => l.msg.startsWith(h)));
   return hold ? { result: "held", evidence: hold.msg } : undefined;
 }

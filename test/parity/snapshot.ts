@@ -22,7 +22,7 @@ export type Snapshot = {
 };
 
 /** Where the OSCs write, and what a GNA or trellis apply writes beside them (containerd's files). */
-const roots = ["/etc/parity", "/opt/parity", "/etc/containerd", "/var/bin/containerruntimes", "/var/lib/parity-token", "/var/lib/parity-token-nodir", "/etc/systemd/system"];
+const roots = ["/etc/parity", "/opt/parity", "/etc/containerd", "/var/bin/containerruntimes", "/var/lib/parity-token", "/var/lib/parity-token-nodir", "/etc/systemd/system", "/etc/kubernetes/manifests", "/var/lib/kubelet", "/etc/os-release"];
 /** Under /etc/systemd/system only the scenario's units and containerd's drop-ins: the rest is the host image's. */
 const systemdEntry = /^(parity-|containerd\.service|kubelet\.service)/;
 /** Text shown in a difference instead of only its hash. */

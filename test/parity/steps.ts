@@ -5,9 +5,13 @@
 // one-off step (a refusal case) does not carry over, so the step after it starts from the good one.
 import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import type { Outcome } from "./diff.ts";
-import { b64, containerd, emptyOsc, file, inline, type Osc, render, serviceUnit, unit, withoutFile, withoutUnit } from "./osc.ts";
-import { settle } from "./settle.ts";
-import { type Env, foreignUnit, putSecret, sides, toolImage, type Twin, type World } from "./twins.ts";
+import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
+import { startCsrSigner } from "../harness/bootstrap.ts";
+import { clearUpdateMarks, markReadyForUpdate, updateResultLabel } from "../harness/machine-update.ts";
+import { waitFor } from "../harness/exec.ts";
+import { b64, containerd, emptyOsc, file, type InPlaceUpdates, inline, type Osc, render, serviceUnit, unit, withoutFile, withoutUnit } from "./osc.ts";
+import { oscOutcome, settle } from "./settle.ts";
+import { type Env, foreignUnit, osUpdateTool, putSecret, sides, toolImage, type Twin, type World } from "./twins.ts";
 
 export type StepClass =
   | "files"
@@ -26,9 +30,20 @@ export type StepClass =
   | "readiness-probe"
   | "serial"
   | "delay"
+  | "in-place"
+  | "static-pods"
+  | "hostname"
   | "no-op";
 
-type StepBase = { id: string; class: StepClass; what: string };
+type StepBase = {
+  id: string;
+  class: StepClass;
+  what: string;
+  /** What must hold on each node after its agent decided, before the nodes are compared (work an agent finishes after its decision). */
+  settled?: { what: string; check(w: World, t: Twin): Promise<boolean> };
+  /** Done to the world once both agents decided (a stand-in the step started stops). */
+  after?(w: World): Promise<void>;
+};
 export type OscStep = StepBase & {
   kind: "osc";
   next(prev: Osc, env: Env): Osc;
@@ -48,8 +63,8 @@ export type OscStep = StepBase & {
 export type EventStep = StepBase & {
   kind: "event";
   act(w: World): Promise<void>;
-  /** What says that agent is done with the event (its own account, or what it wrote). */
-  outcome(w: World, t: Twin, sinceMs: number): Promise<Outcome>;
+  /** What says that agent is done with the event (its own account, or what it wrote); `checksum`: the OSC both Secrets carry. */
+  outcome(w: World, t: Twin, sinceMs: number, checksum: string | undefined): Promise<Outcome>;
 };
 export type Step = OscStep | EventStep;
 
@@ -88,6 +103,101 @@ async function annotateNodes(w: World, annotations: Record<string, string | null
   await Promise.all(
     sides.map((s) => core.patchNode({ name: w.twins[s].name, body: { metadata: { annotations } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))),
   );
+}
+
+async function onBoth(w: World, act: (t: Twin) => Promise<unknown>): Promise<void> {
+  await Promise.all(sides.map((s) => act(w.twins[s])));
+}
+
+/** The event ends the hold the agents were in on the OSC both Secrets carry: its outcome is each agent's decision past that hold. */
+const decidedOnOsc = (_w: World, t: Twin, sinceMs: number, checksum: string | undefined): Promise<Outcome> =>
+  checksum ? oscOutcome(t, checksum, sinceMs, { pastHold: true }) : Promise.resolve({ result: "timeout", evidence: "no OSC was put before this event" });
+
+/** machine-controller-manager drained the node: the Node condition InPlaceUpdate=ReadyForUpdate. */
+function mcmReady(id: string, what: string): EventStep {
+  return {
+    kind: "event",
+    id,
+    class: "in-place",
+    what: `machine-controller-manager drained the node for ${what} (condition InPlaceUpdate, reason ReadyForUpdate)`,
+    act: (w) => onBoth(w, (t) => markReadyForUpdate(w.cluster, t.name)),
+    outcome: decidedOnOsc,
+  };
+}
+
+/** machine-controller-manager recorded the result: its condition, the result label and the failed reason go. */
+function mcmResultRead(id: string): EventStep {
+  return {
+    kind: "event",
+    id,
+    class: "in-place",
+    what: "machine-controller-manager recorded the result: the condition InPlaceUpdate, the update-result label and update-failed-reason go",
+    act: (w) => onBoth(w, (t) => clearUpdateMarks(w.cluster, t.name)),
+    outcome: doneWhen("the result label gone", async (_w, t) => (await t.core.readNode({ name: t.name })).metadata?.labels?.[updateResultLabel] === undefined),
+  };
+}
+
+const inPlace = (o: Osc): InPlaceUpdates => {
+  if (!o.spec.inPlaceUpdates) throw new Error("the scenario's OSC has no spec.inPlaceUpdates yet");
+  return o.spec.inPlaceUpdates;
+};
+const osUpdate = (o: Osc): { command: string; args?: string[] } => {
+  const u = o.status?.inPlaceUpdates?.osUpdate;
+  if (!u) throw new Error("the scenario's OSC has no status.inPlaceUpdates.osUpdate yet");
+  return u;
+};
+
+/** The twins' OS (the host image's /etc/os-release: Debian 12), and the versions the OS updates go to. */
+const nodeOs = "12";
+const nextOs = "13";
+const failingOs = "14";
+const kubeletConfigPath = "/var/lib/kubelet/config/kubelet";
+const kubeletConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 110\n";
+const hostnameCheckPeriodMs = 30_000;
+
+const staticPodPath = "/etc/kubernetes/manifests/parity-static.yaml";
+const staticPodHash = "gardener.cloud/config.mirror";
+const staticPodManifest = (hash: string) =>
+  `apiVersion: v1\nkind: Pod\nmetadata:\n  name: parity-static\n  namespace: kube-system\n  annotations:\n    ${staticPodHash}: ${hash}\nspec:\n  containers:\n  - name: pause\n    image: registry.k8s.io/pause:3.10\n`;
+
+/** The mirror pod kubelet makes of the manifest on node `t` (named <pod>-<node>), Running and Ready; a new hash replaces it, as kubelet does. */
+async function putMirrorPod(w: World, t: Twin, hash: string): Promise<void> {
+  const core = w.cluster.admin().makeApiClient(CoreV1Api);
+  const name = `parity-static-${t.name}`;
+  await core.deleteNamespacedPod({ name, namespace: "kube-system", gracePeriodSeconds: 0 }).catch((err: { code?: number }) => (err.code === 404 ? undefined : Promise.reject(err)));
+  await waitFor(`the old mirror pod ${name} gone`, async () => (await core.readNamespacedPod({ name, namespace: "kube-system" }).then(() => false, (err: { code?: number }) => err.code === 404)) || undefined, 30_000, 100);
+  await core.createNamespacedPod({
+    namespace: "kube-system",
+    body: {
+      metadata: { name, labels: { "static-pod": "true" }, annotations: { [staticPodHash]: hash, "kubernetes.io/config.mirror": hash } },
+      spec: { nodeName: t.name, containers: [{ name: "pause", image: "registry.k8s.io/pause:3.10" }] },
+    },
+  });
+  const now = new Date();
+  await core.patchNamespacedPodStatus(
+    { name, namespace: "kube-system", body: { status: { phase: "Running", conditions: [{ type: "Ready", status: "True", lastTransitionTime: now }], containerStatuses: [{ name: "pause", ready: true, restartCount: 0, image: "registry.k8s.io/pause:3.10", imageID: "", started: true, state: { running: { startedAt: now } } }] } } },
+    setHeaderOptions("Content-Type", PatchStrategy.MergePatch),
+  );
+}
+
+/** The signer of the CA rotation's CSRs, while its step runs. */
+let caSigner: { stop(): Promise<void> } | undefined;
+
+/**
+ * kubelet as the CA rotation finds it: a unit that runs (the stand-in for its health endpoint answers), its
+ * kubeconfig with its own client certificate; both agents write its bootstrap kubeconfig from them.
+ */
+async function standInKubelet(w: World, t: Twin): Promise<void> {
+  await t.node.writeFile("/etc/systemd/system/kubelet.service", "[Unit]\nDescription=parity: kubelet's stand-in\n[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n", 0o644);
+  const cert = "/var/lib/kubelet/pki/kubelet-client-current.pem";
+  await t.node.writeFile(cert, "parity: kubelet's client certificate and key\n", 0o600);
+  await t.node.writeFile(
+    "/var/lib/kubelet/kubeconfig-real",
+    `apiVersion: v1\nkind: Config\nclusters:\n- name: default-cluster\n  cluster: {server: "${w.cluster.server}", certificate-authority: /var/lib/kubelet/ca.crt}\nusers:\n- name: default-auth\n  user: {client-certificate: ${cert}, client-key: ${cert}}\ncontexts:\n- name: default-context\n  context: {cluster: default-cluster, user: default-auth}\ncurrent-context: default-context\n`,
+    0o600,
+  );
+  await t.node.execOk(["systemctl", "daemon-reload"]);
+  await t.node.execOk(["systemctl", "enable", "--now", "kubelet.service"]);
 }
 
 const mirrorRegistry = (env: Env) => ({ upstream: env.upstream, server: `https://${env.upstream}`, hosts: [{ url: `http://${env.mirror}`, capabilities: ["pull", "resolve"] }] });
@@ -337,6 +447,124 @@ export const steps: Step[] = [
   oscStep("recover", "no-op", "the last good OSC again, with a change of its own", (o) => {
     o.metadata.annotations = { "parity.example/touch": "recover" };
   }),
+  // ------------------------------------------------------------ tokens on disk
+  {
+    kind: "event",
+    id: "token-file-deleted",
+    class: "tokens",
+    what: "the synced token file is deleted on the node (both agents sync every 15 s)",
+    act: (w) => onBoth(w, (t) => t.node.execOk(["rm", "-f", w.env.tokenPath])),
+    outcome: doneWhen("the token back on disk", async (w, t) => (await readText(t, w.env.tokenPath)) === "token-v2"),
+  },
+  oscStep("token-path-in-osc", "tokens", "an OSC file at the token's path, with the token's own bytes", (o, env) => {
+    o.spec.files.push({ path: env.tokenPath, permissions: 0o640, content: inline("token-v2") });
+  }),
+  oscStep(
+    "token-path-leaves-osc",
+    "tokens",
+    "that file leaves the OSC: the agent removes it, and the token sync puts the token back",
+    (o, env) => {
+      withoutFile(o, env.tokenPath);
+    },
+    { settled: { what: "the token back on disk", check: async (w, t) => (await readText(t, w.env.tokenPath)) === "token-v2" } },
+  ),
+  // ------------------------------------------------------------ static pods (gardenadm's control-plane pools)
+  oscStep("static-pod-add", "static-pods", "a static pod manifest under /etc/kubernetes/manifests: the checksum waits for its mirror pod, rolled out and Ready", (o) => {
+    o.spec.files.push({ path: staticPodPath, permissions: 0o600, content: inline(staticPodManifest("h1")) });
+  }),
+  {
+    kind: "event",
+    id: "mirror-pod-ready",
+    class: "static-pods",
+    what: "kubelet's part, played through the API: the mirror pod of each node, with the manifest's hash, Running and Ready",
+    act: (w) => onBoth(w, (t) => putMirrorPod(w, t, "h1")),
+    outcome: decidedOnOsc,
+  },
+  oscStep("static-pod-change", "static-pods", "the manifest changes (a new hash): the checksum waits again", (o) => {
+    file(o, staticPodPath).content = inline(staticPodManifest("h2"));
+  }),
+  {
+    kind: "event",
+    id: "mirror-pod-rolled",
+    class: "static-pods",
+    what: "kubelet rolls the mirror pod to the new hash (deleted and created again, as kubelet does)",
+    act: (w) => onBoth(w, (t) => putMirrorPod(w, t, "h2")),
+    outcome: decidedOnOsc,
+  },
+  oscStep("static-pod-remove", "static-pods", "the manifest leaves the OSC", (o) => {
+    withoutFile(o, staticPodPath);
+  }),
+  // ------------------------------------------------------------ in-place updates (machine-controller-manager played through the API)
+  oscStep("inplace-first", "in-place", `spec.inPlaceUpdates (OS ${nodeOs}, kubelet 1.35.4, earlier credential rotations) and kubelet's configuration inline, the OS update command in status: applied as any OSC`, (o) => {
+    // Rotations done before: a rotation is a changed lastInitiationTime (gardener-node-agent sees none in one that appears).
+    o.spec.inPlaceUpdates = { operatingSystemVersion: nodeOs, kubelet: "1.35.4", credentialsRotation: { certificateAuthorities: { lastInitiationTime: "2026-11-01T10:00:00Z" }, serviceAccountKey: { lastInitiationTime: "2026-11-01T10:00:00Z" } } };
+    o.spec.files.push({ path: kubeletConfigPath, permissions: 0o600, content: b64(kubeletConfig) });
+    o.status = { ...o.status, inPlaceUpdates: { osUpdate: { command: osUpdateTool, args: [nodeOs] } } };
+  }),
+  oscStep("inplace-kubelet-minor", "in-place", "kubelet 1.35.4 → 1.36.0 in place: held until the node is drained", (o) => {
+    inPlace(o).kubelet = "1.36.0";
+  }),
+  mcmReady("mcm-ready-kubelet", "kubelet's minor version"),
+  mcmResultRead("mcm-read-kubelet"),
+  oscStep("inplace-os-update", "in-place", `the OS in place: version ${nextOs}, an update command that succeeds (it updates /etc/os-release)`, (o) => {
+    inPlace(o).operatingSystemVersion = nextOs;
+    osUpdate(o).args = [nextOs];
+  }),
+  mcmReady("mcm-ready-os", "the OS update"),
+  mcmResultRead("mcm-read-os"),
+  oscStep("inplace-os-failing", "in-place", `the OS in place to ${failingOs}, an update command that fails`, (o) => {
+    inPlace(o).operatingSystemVersion = failingOs;
+    osUpdate(o).args = [failingOs, "--fail"];
+  }),
+  mcmReady("mcm-ready-os-failing", "the failing OS update"),
+  oscStep("inplace-os-reverted", "in-place", `the operator reverts the OS version to ${nextOs} (the node runs it): the failed update ends successful`, (o) => {
+    inPlace(o).operatingSystemVersion = nextOs;
+    osUpdate(o).args = [nextOs];
+  }),
+  mcmResultRead("mcm-read-reverted"),
+  oscStep("inplace-sa-rotation", "in-place", "the service-account key rotation starts (a new credentialsRotation.serviceAccountKey.lastInitiationTime, unquoted: a YAML timestamp)", (o) => {
+    inPlace(o).credentialsRotation = { ...inPlace(o).credentialsRotation, serviceAccountKey: { lastInitiationTime: "2026-11-27T10:00:00Z" } };
+  }),
+  mcmReady("mcm-ready-sa", "the service-account key rotation"),
+  mcmResultRead("mcm-read-sa"),
+  oscStep(
+    "inplace-ca-rotation",
+    "in-place",
+    "the certificate authorities' rotation starts (a new credentialsRotation.certificateAuthorities.lastInitiationTime); kubelet has its own credentials (kubeconfig-real and its client certificate)",
+    (o) => {
+      inPlace(o).credentialsRotation = { ...inPlace(o).credentialsRotation, certificateAuthorities: { lastInitiationTime: "2026-11-27T11:00:00Z" } };
+    },
+    { before: (w) => onBoth(w, (t) => standInKubelet(w, t)) },
+  ),
+  {
+    ...mcmReady("mcm-ready-ca", "the CA rotation (the test signs the agents' CSRs, as kube-controller-manager would)"),
+    act: async (w) => {
+      caSigner = startCsrSigner(w.cluster, (csr) => (csr.spec.username ?? "").startsWith(nodeAgentUserPrefix));
+      await onBoth(w, (t) => markReadyForUpdate(w.cluster, t.name));
+    },
+    after: async () => caSigner?.stop(),
+  },
+  mcmResultRead("mcm-read-ca"),
+  // ------------------------------------------------------------ the hostname
+  {
+    kind: "event",
+    id: "hostname-case",
+    class: "hostname",
+    what: "the node's hostname changes case only (PAR-…): neither agent restarts (both check every 30 s; the comparison sees a restart as a new invocation of gardener-node-agent.service)",
+    act: (w) => onBoth(w, (t) => t.node.execOk(["hostname", t.name.toUpperCase()])),
+    outcome: async (_w, t) => {
+      // An absence has no event: what proves it is one whole period of both agents' hostname checks.
+      await waitFor(`${t.label}: one hostname-check period`, async () => (await t.node.execOk(["hostname"])).trim() === t.name.toUpperCase(), 5_000, 100);
+      await new Promise((r) => setTimeout(r, hostnameCheckPeriodMs + 5_000));
+      return { result: "done", evidence: `${(hostnameCheckPeriodMs + 5_000) / 1000} s with the hostname ${t.name.toUpperCase()}` };
+    },
+  },
+  oscStep("hostname-case-files", "hostname", "files for the node's name in capitals and in lower case: only the lower-case one is for this host (both compare as the OSC spells it)", (o, env) => {
+    o.spec.files.push(
+      ...sides.map((s) => ({ path: `/etc/parity/upper-${env.nodeNames[s]}.conf`, permissions: 0o644, hostName: env.nodeNames[s].toUpperCase(), content: inline("for the capitalised name\n") })),
+      ...sides.map((s) => ({ path: `/etc/parity/lower-${env.nodeNames[s]}.conf`, permissions: 0o644, hostName: env.nodeNames[s], content: inline("for the lower-case name\n") })),
+    );
+  }),
 ];
 
 /** The empty OSC the scenario starts from. */
@@ -370,6 +598,17 @@ export const boundedIds = [
   "unknown-field-spec",
   "invalid-yaml",
   "recover",
+  "token-file-deleted",
+  "static-pod-add",
+  "mirror-pod-ready",
+  "static-pod-remove",
+  "inplace-first",
+  "inplace-os-update",
+  "mcm-ready-os",
+  "mcm-read-os",
+  "inplace-os-failing",
+  "mcm-ready-os-failing",
+  "inplace-os-reverted",
 ];
 
 export function selectSteps(ids: readonly string[]): Step[] {

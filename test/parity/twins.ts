@@ -47,6 +47,15 @@ export const foreignUnit = "parity-foreign.service";
 
 export const toolImage = (tag: string) => `${upstream}/parity/tool:${tag}`;
 
+/** The OS extension's update command of the in-place steps, on both nodes: `VERSION [--fail]`; a machine that updates without a reboot. */
+export const osUpdateTool = "/usr/local/sbin/parity-os-update";
+const osUpdateScript = `#!/bin/sh
+set -eu
+if [ "\${2:-}" = --fail ]; then echo "parity: the OS update to $1 failed" >&2; exit 1; fi
+sed "s/^PRETTY_NAME=.*/PRETTY_NAME=\\"Debian GNU\\/Linux $1 (parity)\\"/" /etc/os-release > /etc/os-release.parity
+mv /etc/os-release.parity /etc/os-release
+`;
+
 export async function startTwins(): Promise<World> {
   const agents = await benchAgents();
   const cluster = await startCluster({ controllerManager: false });
@@ -88,7 +97,8 @@ async function startTwin(cluster: Cluster, agent: BenchAgent, stops: (() => Prom
     binary: agent.binary,
     configName: agent.configName,
     unit: agent.unit,
-    rules: agent.rules([secretName, secretRefName, ...tokens.map((t) => t.secretName)]),
+    // Both request a client certificate of their own in a CA rotation (the test signs it: startCsrSigner).
+    rules: [...agent.rules([secretName, secretRefName, ...tokens.map((t) => t.secretName)]), { rules: [{ apiGroups: ["certificates.k8s.io"], resources: ["certificatesigningrequests"], verbs: ["create", "get", "list", "watch"] }] }],
     containerd: true,
     start: false,
     controllers: `  token:\n    syncPeriod: 15s\n    syncConfigs:\n${tokens.map((t) => `    - secretName: ${t.secretName}\n      path: ${t.path}\n`).join("")}`,
@@ -99,6 +109,7 @@ async function startTwin(cluster: Cluster, agent: BenchAgent, stops: (() => Prom
   await a.node.execOk(["systemctl", "daemon-reload"]);
   await a.node.execOk(["systemctl", "enable", "--now", foreignUnit]);
   await a.node.execOk(["mkdir", "-p", "-m", "0755", dirname(tokens[0].path)]);
+  await a.node.writeFile(osUpdateTool, osUpdateScript, 0o755);
   // --no-block: trellis's unit is Type=notify and ready only after its first reconcile, and there is no OSC yet.
   await a.node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
   return { ...a, side: agent.id, label: agent.label, secretName, agent };

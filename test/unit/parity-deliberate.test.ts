@@ -56,11 +56,21 @@ describe("matchers", () => {
     expect(matches(m, "first-apply", d)).toBe(expected);
   });
 
+  test.each([
+    ["b", true],
+    ["c", true],
+    ["a", false],
+    ["elsewhere", false],
+  ])("since b, at step %s: %p", (step, expected) => {
+    expect(matches({ since: "b" }, step, d, ["a", "b", "c"])).toBe(expected);
+  });
+
   test("every matcher's patterns compile and name a step that exists", () => {
     const ids = new Set(steps.map((s) => s.id));
     for (const m of [...deliberate.flatMap((r) => r.match), ...knownItems.flatMap((k) => k.match)]) {
       for (const p of [m.step, m.key, m.gna, m.trellis]) if (p !== undefined && p !== "absent") expect(() => new RegExp(p)).not.toThrow();
       if (m.step) for (const id of m.step.split("|")) expect(ids.has(id)).toBe(true);
+      if (m.since) expect(ids.has(m.since)).toBe(true);
     }
   });
 });
