@@ -2,7 +2,7 @@
 // units without drop-ins in the OSC have a drop-in directory all the same, and, when systemd is at
 // hand, the units' enablement and activity.
 import type { Desired } from "../api/desired.ts";
-import { dropInDir, dropInPath, unitFilePath } from "../api/paths.ts";
+import { dropInDir, dropInPath, systemdDir, unitFilePath } from "../api/paths.ts";
 import type { Owned } from "../api/state.ts";
 import type { Files } from "../host/files.ts";
 import type { Systemd } from "../host/systemd.ts";
@@ -30,8 +30,11 @@ export async function observe(desired: Desired, owned: Owned, files: Files, syst
     if (seen.landsAt !== path) landsAt.set(path, seen.landsAt);
     observedFiles.set(path, seen.file ? { sha256: seen.file.sha256, mode: seen.file.mode } : null);
   }
+  // One listing of systemd's directory, not a checked walk per unit: most units have no `.d` at all.
   const dropInDirs = new Set<string>();
-  for (const u of desired.units) if (u.dropIns.length === 0 && (await files.stat(dropInDir(u.name)))) dropInDirs.add(u.name);
+  const bare = desired.units.filter((u) => u.dropIns.length === 0);
+  const listed = new Set(bare.length > 0 ? await files.list(systemdDir) : []);
+  for (const u of bare) if (listed.has(`${u.name}.d`) && (await files.stat(dropInDir(u.name)))) dropInDirs.add(u.name);
   if (!systemd) return { files: observedFiles, landsAt, dropInDirs };
   const observedUnits = new Map<string, { unitFileState: string; activeState: string }>();
   for (const [name, s] of await systemd.unitStates([...units])) observedUnits.set(name, { unitFileState: s.unitFileState, activeState: s.activeState });

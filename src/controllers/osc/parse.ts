@@ -4,7 +4,7 @@
 // checksum of them). The parsed OSC is kept in the state directory too, so a restarted agent's first
 // reconcile reads JSON (and validates it again) instead of parsing YAML, when the Secret is unchanged.
 // It is kept once its OSC was applied, so an OSC that fails changes nothing on the node.
-// Only an OSC that JSON holds exactly is kept (YAML can carry timestamps, which JSON would turn into text).
+// Only an OSC that JSON holds exactly is kept (YAML 1.1 can carry .inf and .nan, which JSON cannot).
 import * as v from "valibot";
 import { parseOscBytes } from "../../api/desired.ts";
 import type { Decoded } from "../../api/gardener-decode.ts";
