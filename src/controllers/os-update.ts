@@ -32,7 +32,7 @@ const nonRetriable = /invalid arguments|system failure/i;
 const maxOutput = 2000;
 
 /** How Go's os/exec names a command's failure (its ExitError or start error): gardener-node-agent's reason carries that text. */
-export function goExecError(err: ExecFileException, command: string): string {
+function goExecError(err: ExecFileException, command: string): string {
   if (typeof err.code === "number") return `exit status ${err.code}`;
   if (err.signal) return `signal: ${goSignalNames[err.signal] ?? err.signal}`;
   if (err.code === "ENOENT") return `fork/exec ${command}: no such file or directory`;

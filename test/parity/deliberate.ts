@@ -289,6 +289,14 @@ export const deliberate: DeliberateRow[] = [
     assertedBy: "test/e2e/drift.test.ts",
   },
   {
+    id: "os-update-reason-bounded",
+    gna: "Puts the OS update command's whole output into the Node annotation node.machine.sapcloud.io/update-failed-reason.",
+    trellis: "The same text with the output's last 2,000 characters.",
+    reason: "A Node's annotations are bounded (256 KiB in all): a chatty update tool must not make the failure's report fail; machine-controller-manager shows the reason, and the end of the output is where a tool says why it failed.",
+    match: [],
+    assertedBy: "test/unit/os-update.test.ts: only the output's last 2,000 characters are kept",
+  },
+  {
     id: "agent-config-rate-limit",
     gna: "Applies clientConnection.qps/burst only to a client built from clientConnection.kubeconfig or $KUBECONFIG, and to its bootstrap-token client; with its own credentials kubeconfig it runs at client-go's defaults (5/s, burst 10, per resource kind's client).",
     trellis: "Keeps one token bucket of the configured qps/burst (Gardener's defaults 50/100 for 0) on every request, watch starts included.",
