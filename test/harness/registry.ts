@@ -92,7 +92,9 @@ async function startOn(port: number): Promise<Registry> {
       return { ref, digest };
     },
     down: end,
+    // A registry already up stays the one: a second spawn would lose the handle of the first, which then outlives the test.
     up: async () => {
+      if (running()) return;
       proc = spawn();
       await serving();
     },
