@@ -7,7 +7,7 @@ import { deliberate } from "./deliberate.ts";
 import { knownItems } from "./known.ts";
 import { matches } from "./match.ts";
 import { type Osc, render, unitNames } from "./osc.ts";
-import { oscOutcome, settle } from "./settle.ts";
+import { doneWhen, oscOutcome } from "./settle.ts";
 import { type Snapshot, snapshot } from "./snapshot.ts";
 import { startOsc, type Step, steps as scenario } from "./steps.ts";
 import { foreignUnit, putBoth, type Side, sides, type World } from "./twins.ts";
@@ -63,8 +63,8 @@ export async function runParity(w: World, steps: Step[], progress: (msg: string)
     }
     await step.after?.(w);
     if (step.settled) {
-      const settled = step.settled;
-      const after = await bothDecide((s) => settle(w.twins[s], settled.what, async () => ((await settled.check(w, w.twins[s])) ? { result: "done" as const, evidence: settled.what } : undefined)));
+      const settled = doneWhen(step.settled.what, step.settled.check);
+      const after = await bothDecide((s) => settled(w, w.twins[s]));
       // Not settled is a difference of its own: the outcome says which agent never got there.
       for (const s of sides) if (after[s].result === "timeout") outcomes[s] = { result: "timeout", evidence: `decided (${outcomes[s].result}), then ${after[s].evidence}` };
     }

@@ -6,7 +6,7 @@
 import type { V1Node } from "@kubernetes/client-node";
 import { waitFor } from "../harness/exec.ts";
 import type { Outcome } from "./diff.ts";
-import type { Twin } from "./twins.ts";
+import type { Twin, World } from "./twins.ts";
 
 const appliedAnnotation = "checksum/cloud-config-data";
 const trellisCondition = "OperatingSystemConfigApplied";
@@ -41,6 +41,10 @@ export async function settle(t: Twin, what: string, decide: () => Promise<Outcom
     return { result: "timeout", evidence: `nothing said ${what} within ${timeoutMs / 1000} s; its last log lines: ${JSON.stringify(last)}` };
   }
 }
+
+/** Waits until `check` of each node's own view holds: an event handled, or what an agent finishes after its decision. */
+export const doneWhen = (what: string, check: (w: World, t: Twin) => Promise<boolean>) => (w: World, t: Twin) =>
+  settle(t, what, async () => ((await check(w, t)) ? { result: "done" as const, evidence: what } : undefined));
 
 /**
  * The outcome of an OSC `checksum` put into the agent's Secret at `sinceMs`. `gnaHold`: a log line that is

@@ -10,7 +10,7 @@ import { startCsrSigner } from "../harness/bootstrap.ts";
 import { clearUpdateMarks, markReadyForUpdate, updateResultLabel } from "../harness/machine-update.ts";
 import { waitFor } from "../harness/exec.ts";
 import { b64, containerd, emptyOsc, file, type InPlaceUpdates, inline, type Osc, render, serviceUnit, unit, withoutFile, withoutUnit } from "./osc.ts";
-import { oscOutcome, settle } from "./settle.ts";
+import { doneWhen, oscOutcome } from "./settle.ts";
 import { type Env, foreignUnit, osUpdateTool, putSecret, sides, toolImage, type Twin, type World } from "./twins.ts";
 
 export type StepClass =
@@ -88,10 +88,6 @@ function refusalStep(id: string, cls: StepClass, what: string, change: (o: Osc, 
   }, { oneOff: true, ...opts });
 }
 
-/** Waits until `read` of each node's own view says the event is handled. */
-const doneWhen = (what: string, check: (w: World, t: Twin) => Promise<boolean>) => (w: World, t: Twin) =>
-  settle(t, what, async () => ((await check(w, t)) ? { result: "done" as const, evidence: what } : undefined));
-
 const readText = (t: Twin, path: string) => t.node.readFile(path).catch(() => undefined);
 
 const restartAnnotation = "worker.gardener.cloud/restart-systemd-services";
@@ -100,9 +96,7 @@ const serialAnnotation = "reconciliation.osc.node-agent.gardener.cloud/serial";
 
 async function annotateNodes(w: World, annotations: Record<string, string | null>): Promise<void> {
   const core = w.cluster.admin().makeApiClient(CoreV1Api);
-  await Promise.all(
-    sides.map((s) => core.patchNode({ name: w.twins[s].name, body: { metadata: { annotations } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))),
-  );
+  await onBoth(w, (t) => core.patchNode({ name: t.name, body: { metadata: { annotations } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch)));
 }
 
 async function onBoth(w: World, act: (t: Twin) => Promise<unknown>): Promise<void> {
@@ -160,6 +154,11 @@ const staticPodHash = "gardener.cloud/config.mirror";
 const staticPodManifest = (hash: string) =>
   `apiVersion: v1\nkind: Pod\nmetadata:\n  name: parity-static\n  namespace: kube-system\n  annotations:\n    ${staticPodHash}: ${hash}\nspec:\n  containers:\n  - name: pause\n    image: registry.k8s.io/pause:3.10\n`;
 
+/** kubelet puts each node's mirror pod with `hash`, which ends the agents' wait for it. */
+function mirrorPodStep(id: string, what: string, hash: string): EventStep {
+  return { kind: "event", id, class: "static-pods", what, act: (w) => onBoth(w, (t) => putMirrorPod(w, t, hash)), outcome: decidedOnOsc };
+}
+
 /** The mirror pod kubelet makes of the manifest on node `t` (named <pod>-<node>), Running and Ready; a new hash replaces it, as kubelet does. */
 async function putMirrorPod(w: World, t: Twin, hash: string): Promise<void> {
   const core = w.cluster.admin().makeApiClient(CoreV1Api);
@@ -187,7 +186,7 @@ let caSigner: { stop(): Promise<void> } | undefined;
  * kubelet as the CA rotation finds it: a unit that runs (the stand-in for its health endpoint answers), its
  * kubeconfig with its own client certificate; both agents write its bootstrap kubeconfig from them.
  */
-async function standInKubelet(w: World, t: Twin): Promise<void> {
+async function kubeletWithCredentials(w: World, t: Twin): Promise<void> {
   await t.node.writeFile("/etc/systemd/system/kubelet.service", "[Unit]\nDescription=parity: kubelet's stand-in\n[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n", 0o644);
   const cert = "/var/lib/kubelet/pki/kubelet-client-current.pem";
   await t.node.writeFile(cert, "parity: kubelet's client certificate and key\n", 0o600);
@@ -472,25 +471,11 @@ export const steps: Step[] = [
   oscStep("static-pod-add", "static-pods", "a static pod manifest under /etc/kubernetes/manifests: the checksum waits for its mirror pod, rolled out and Ready", (o) => {
     o.spec.files.push({ path: staticPodPath, permissions: 0o600, content: inline(staticPodManifest("h1")) });
   }),
-  {
-    kind: "event",
-    id: "mirror-pod-ready",
-    class: "static-pods",
-    what: "kubelet's part, played through the API: the mirror pod of each node, with the manifest's hash, Running and Ready",
-    act: (w) => onBoth(w, (t) => putMirrorPod(w, t, "h1")),
-    outcome: decidedOnOsc,
-  },
+  mirrorPodStep("mirror-pod-ready", "kubelet's part, played through the API: the mirror pod of each node, with the manifest's hash, Running and Ready", "h1"),
   oscStep("static-pod-change", "static-pods", "the manifest changes (a new hash): the checksum waits again", (o) => {
     file(o, staticPodPath).content = inline(staticPodManifest("h2"));
   }),
-  {
-    kind: "event",
-    id: "mirror-pod-rolled",
-    class: "static-pods",
-    what: "kubelet rolls the mirror pod to the new hash (deleted and created again, as kubelet does)",
-    act: (w) => onBoth(w, (t) => putMirrorPod(w, t, "h2")),
-    outcome: decidedOnOsc,
-  },
+  mirrorPodStep("mirror-pod-rolled", "kubelet rolls the mirror pod to the new hash (deleted and created again, as kubelet does)", "h2"),
   oscStep("static-pod-remove", "static-pods", "the manifest leaves the OSC", (o) => {
     withoutFile(o, staticPodPath);
   }),
@@ -534,7 +519,7 @@ export const steps: Step[] = [
     (o) => {
       inPlace(o).credentialsRotation = { ...inPlace(o).credentialsRotation, certificateAuthorities: { lastInitiationTime: "2026-11-27T11:00:00Z" } };
     },
-    { before: (w) => onBoth(w, (t) => standInKubelet(w, t)) },
+    { before: (w) => onBoth(w, (t) => kubeletWithCredentials(w, t)) },
   ),
   {
     ...mcmReady("mcm-ready-ca", "the CA rotation (the test signs the agents' CSRs, as kube-controller-manager would)"),
@@ -554,7 +539,7 @@ export const steps: Step[] = [
     act: (w) => onBoth(w, (t) => t.node.execOk(["hostname", t.name.toUpperCase()])),
     outcome: async (_w, t) => {
       // An absence has no event: what proves it is one whole period of both agents' hostname checks.
-      await waitFor(`${t.label}: one hostname-check period`, async () => (await t.node.execOk(["hostname"])).trim() === t.name.toUpperCase(), 5_000, 100);
+      await waitFor(`${t.label}: the hostname in capitals`, async () => (await t.node.execOk(["hostname"])).trim() === t.name.toUpperCase(), 5_000, 100);
       await new Promise((r) => setTimeout(r, hostnameCheckPeriodMs + 5_000));
       return { result: "done", evidence: `${(hostnameCheckPeriodMs + 5_000) / 1000} s with the hostname ${t.name.toUpperCase()}` };
     },
