@@ -2,8 +2,9 @@
 // Compiles src/main.ts into one self-contained executable (dist/trellis, or dist/trellis-arm64).
 // Flags and why (README "How the binary is built"): no .env/bunfig autoload (a node agent must not read ./.env from its
 // working directory), x11 external (dbus-next's optional X11 address module), bytecode + ESM for
-// start-up time, minify with kept names (class names appear in errors), and the undici rewrite that
-// makes client-node's TLS settings work under Bun. --readable keeps identifiers and line breaks (and
+// start-up time, minify with kept names (class names appear in errors), and code splitting, so that
+// a module the agent imports dynamically (what only some nodes run) is loaded only when it is imported
+// and costs no memory otherwise (without splitting Bun evaluates it at start). --readable keeps identifiers and line breaks (and
 // changes nothing else), so that a CPU profile of the binary names trellis's own functions
 // (test/bench/profile.ts). --exec-argv (space-separated runtime flags, e.g. "--smol"), --jit-policy and
 // --runtime-env (the variables `trellis run` executes itself with, src/runtime-env.ts; "" for none)
@@ -14,7 +15,6 @@ import { rmSync } from "node:fs";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import pkg from "../package.json" with { type: "json" };
-import { undiciShim } from "./shims/plugin.ts";
 
 const { values } = parseArgs({
   options: {
@@ -67,26 +67,20 @@ const head = git("rev-parse", "HEAD");
 const dirty = head !== "" && git("status", "--porcelain", "--untracked-files=no") !== "";
 const commit = head === "" ? "unknown" : `${head}${dirty ? "-dirty" : ""}`;
 
-const stats = { rewritten: 0 };
 const t0 = performance.now();
 const result = await Bun.build({
   entrypoints: [`${root}src/main.ts`],
   compile: { target: `bun-linux-${arch}`, outfile: resolve(root, outfile), autoloadDotenv: false, autoloadBunfig: false, execArgv, jitPolicy },
   format: "esm",
+  splitting: true,
   bytecode: true,
   minify: values.readable ? { syntax: true, keepNames: true } : { whitespace: true, syntax: true, identifiers: true, keepNames: true },
   external: ["x11"],
   define: { TRELLIS_COMMIT: JSON.stringify(commit), TRELLIS_VERSION: JSON.stringify(version), TRELLIS_RUNTIME_ENV: JSON.stringify(JSON.stringify(env)) },
-  plugins: [undiciShim(stats)],
 });
 for (const log of result.logs) console.error(String(log));
 if (!result.success) {
   console.error("build failed");
-  process.exit(1);
-}
-if (stats.rewritten === 0) {
-  // Without the rewrite the binary would connect without its client certificate: refuse to ship that.
-  console.error("build failed: no @kubernetes/client-node module imported 'undici'; the TLS shim was not applied");
   process.exit(1);
 }
 // The runtime refuses a JavaScriptCore option it does not know (exit 1 before any JavaScript runs):
@@ -101,6 +95,5 @@ if (native && Object.keys(env).length > 0 && !values["unchecked-runtime-env"]) {
   }
 }
 console.log(
-  `built ${outfile} (trellis ${version}, commit ${commit}, linux-${arch}${execArgv.length > 0 ? `, runtime flags ${execArgv.join(" ")}` : ""}${jitPolicy !== 1 ? `, JIT policy ${jitPolicy}` : ""}${Object.keys(env).length > 0 ? `, runtime env ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(" ")}` : ""}) in ${Math.round(performance.now() - t0)} ms; ` +
-    `undici rewritten in ${stats.rewritten} client-node modules`,
+  `built ${outfile} (trellis ${version}, commit ${commit}, linux-${arch}${execArgv.length > 0 ? `, runtime flags ${execArgv.join(" ")}` : ""}${jitPolicy !== 1 ? `, JIT policy ${jitPolicy}` : ""}${Object.keys(env).length > 0 ? `, runtime env ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(" ")}` : ""}) in ${Math.round(performance.now() - t0)} ms`,
 );

@@ -8,6 +8,9 @@
 //
 // And the runtime's own settings (applyRuntimeEnv): the flags baked into the executable, and the
 // environment variables the agent executes itself with (src/runtime-env.ts decides).
+//
+// And an HTTPS request with a given CA and client certificate (fetchWithTls): the web fetch has no
+// option for either, each runtime has its own.
 import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { bakedRuntimeEnv, decideRuntimeEnv, parseReexecMarker, reexecGuard, reexecMarkerPath, type RuntimeEnvDecision } from "./runtime-env.ts";
@@ -15,7 +18,8 @@ type DenoFfi = {
   dlopen(path: string, symbols: Record<string, { parameters: string[]; result: string }>): { symbols: Record<string, (...args: unknown[]) => unknown> };
   UnsafePointerView: new (p: unknown) => { getInt32(): number };
 };
-type RuntimeGlobals = { Bun?: { version: string }; Deno?: { version: { deno: string } } & DenoFfi };
+type DenoHttp = { createHttpClient(opts: { caCerts?: string[]; cert?: string; key?: string; proxy?: { url: string } }): object };
+type RuntimeGlobals = { Bun?: { version: string }; Deno?: { version: { deno: string } } & DenoFfi & DenoHttp };
 const g = globalThis as RuntimeGlobals;
 
 /** "bun 1.4.5", "deno 2.9.6" or "node 22.x" — for version output and diagnostics. */
@@ -200,4 +204,31 @@ function argv0(): string {
   } catch {
     return process.execPath;
   }
+}
+
+/** TLS settings of one HTTPS connection: PEM text; `rejectUnauthorized: false` skips verification of the server. */
+export type TlsOptions = { ca?: string; cert?: string; key?: string; rejectUnauthorized: boolean; serverName?: string };
+
+const denoClients = new Map<string, object>();
+
+/**
+ * fetch() over TLS as `tls` says (and through `proxy`, an http(s) proxy URL): Bun's fetch takes the
+ * settings per request (`tls`, `proxy`); Deno's takes an HTTP client made from them, kept per set of
+ * settings so that connections are reused. Deno trusts its own roots as well as `ca`, and cannot skip
+ * verification or name another server per client: those are refused there.
+ */
+export function fetchWithTls(url: string, init: RequestInit, tls: TlsOptions, proxy?: string): Promise<Response> {
+  if (g.Deno) {
+    if (!tls.rejectUnauthorized) throw new Error(`${url}: skipping TLS verification (insecure-skip-tls-verify) is not supported under Deno`);
+    if (tls.serverName !== undefined) throw new Error(`${url}: tls-server-name is not supported under Deno`);
+    const key = JSON.stringify([tls.ca, tls.cert, tls.key, proxy]);
+    let client = denoClients.get(key);
+    if (!client) {
+      client = g.Deno.createHttpClient({ ...(tls.ca && { caCerts: [tls.ca] }), ...(tls.cert && tls.key && { cert: tls.cert, key: tls.key }), ...(proxy && { proxy: { url: proxy } }) });
+      denoClients.set(key, client);
+    }
+    return fetch(url, { ...init, client } as RequestInit);
+  }
+  const bunTls = { ca: tls.ca, cert: tls.cert, key: tls.key, rejectUnauthorized: tls.rejectUnauthorized, serverName: tls.serverName };
+  return fetch(url, { ...init, tls: bunTls, ...(proxy && { proxy }) } as RequestInit);
 }

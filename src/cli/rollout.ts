@@ -4,7 +4,7 @@
 // and stopped the rollout, and every node of the pool: updated, holding a slot, waiting (and for what),
 // failed, paused.
 import { parseArgs } from "node:util";
-import { CoordinationV1Api, CoreV1Api, type V1Lease, type V1Node } from "@kubernetes/client-node";
+import type { V1Lease, V1Node } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import { oscChecksum } from "../api/desired.ts";
 import { layeredChecksum, parseOverlays } from "../api/layers.ts";
@@ -13,7 +13,8 @@ import { parseRolloutSettings, pausedLabel, poolLabel } from "../api/rollout.ts"
 import { compareText } from "../api/text-order.ts";
 import { nextOpening, openWindow } from "../api/windows.ts";
 import { rolloutConditionType } from "../controllers/rollout/report.ts";
-import { apiClient, kubeFromConnection } from "../kube/client.ts";
+import { coordinationV1, coreV1 } from "../kube/api.ts";
+import { kubeFromConnection } from "../kube/client.ts";
 import { explainKubeError } from "../kube/errors.ts";
 import { readTicket } from "../kube/pool-leases.ts";
 import { budgetSlots, decodePool, type PoolRecord, shardOf, slotsLabel, slotsLeaseName, ticketLabel } from "../rollout/pool.ts";
@@ -63,12 +64,12 @@ export async function run(args: string[]): Promise<number> {
 }
 
 export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>, name: string, now: Date): Promise<RolloutReport> {
-  const core = apiClient(kube, CoreV1Api);
+  const core = coreV1(kube);
   const [secret, nodes, record, tickets] = await Promise.all([
     core.readNamespacedSecret({ name, namespace: "kube-system" }),
     core.listNode({ labelSelector: `${poolLabel}=${name}` }),
     readRecord(kube, name),
-    apiClient(kube, CoordinationV1Api).listNamespacedLease({ namespace: "kube-system", labelSelector: `${ticketLabel}=${name}` }),
+    coordinationV1(kube).listNamespacedLease({ namespace: "kube-system", labelSelector: `${ticketLabel}=${name}` }),
   ]);
   const bytes = decodeBase64(secret.data?.[oscDataKey] ?? "");
   const checksum = bytes ? oscChecksum(bytes) : "";
@@ -108,7 +109,7 @@ export async function rolloutReport(kube: ReturnType<typeof kubeFromConnection>,
 
 /** The pool's record: shard 0 (the failure, the pool's size) with the holders of every shard (none yet: nothing held). */
 async function readRecord(kube: ReturnType<typeof kubeFromConnection>, name: string): Promise<Result<PoolRecord>> {
-  const leases = apiClient(kube, CoordinationV1Api);
+  const leases = coordinationV1(kube);
   let shards: V1Lease[];
   try {
     shards = (await leases.listNamespacedLease({ namespace: "kube-system", labelSelector: `${slotsLabel}=${name}` })).items;

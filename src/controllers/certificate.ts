@@ -5,9 +5,9 @@
 //
 // Then, unlike gardener-node-agent (which ends its process so that systemd starts it with the new
 // kubeconfig), the running agent switches to the new certificate in place: client-node reads the
-// user's certificate and key from the KubeConfig on every request (a new TLS dispatcher per request,
-// mapped to Bun's fetch `tls` option by build/shims/undici-bun.ts), so replacing the user in the one
-// KubeConfig every controller shares makes the next request use it. Watches already open keep their
+// user's certificate and key for every request (src/kube/credentials.ts: the files read again when they
+// change, the TLS settings handed to fetch per request), so replacing the credentials of the one Kube
+// every controller shares makes the next request use them. Watches already open keep their
 // connection until the server ends them (4–6 min), on a certificate that is valid for days still.
 // No restart: no relist of every watch, no gap in the lease, and it works for an agent not run by systemd.
 import type { Files } from "../host/files.ts";
@@ -196,12 +196,11 @@ export function startCertificateController(deps: CertificateControllerDeps): Cer
 }
 
 /**
- * Makes `kube` authenticate as the kubeconfig at `path` says, from the next request on: its clusters,
- * users and contexts replace those of the shared KubeConfig in one synchronous step, so no request
- * sees half of each.
+ * Makes `kube` authenticate as the kubeconfig at `path` says, from the next request on: its credentials
+ * replace those of the shared Kube in one synchronous step, so no request sees half of each.
  */
 export function useKubeconfig(kube: Kube, path: string): void {
   const fresh = kubeFromConnection({ kind: "kubeconfig", path });
   if (fresh.server !== kube.server) throw new Error(`${path} names server ${fresh.server}, not ${kube.server}: restart the agent to change servers`);
-  kube.config.loadFromOptions({ clusters: fresh.config.clusters, users: fresh.config.users, contexts: fresh.config.contexts, currentContext: fresh.config.currentContext });
+  kube.auth.replaceWith(fresh.auth);
 }

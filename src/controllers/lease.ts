@@ -7,8 +7,9 @@
 // (gardener-node-agent reads before every patch: two). A 409 (someone else wrote the Lease, or it exists
 // already when creating) or a 404 (it was deleted) means that copy is stale: read again, write again.
 // Nothing ends the loop but stop(): failures are counted, logged and reported, and the next tick retries.
-import { ApiException, type ConfigurationOptions, CoordinationV1Api, Observable, type V1Lease, type V1Node, type V1OwnerReference } from "@kubernetes/client-node";
-import { apiClient, type Kube } from "../kube/client.ts";
+import type { V1Lease, V1Node, V1OwnerReference } from "@kubernetes/client-node";
+import { type CallOptions, coordinationV1 } from "../kube/api.ts";
+import type { Kube } from "../kube/client.ts";
 import { explainKubeError, KubeError } from "../kube/errors.ts";
 import { microTime } from "../kube/micro-time.ts";
 import { monotonicMs } from "../time.ts";
@@ -46,7 +47,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`lease controller: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const now = deps.now ?? Date.now;
   const log = deps.log.with({ controller: "lease" });
-  const coordination = apiClient(deps.kube, CoordinationV1Api);
+  const coordination = coordinationV1(deps.kube);
   const renewFailures = deps.metrics.counter("trellis_lease_renew_failures_total", "Renewals of the agent's Lease that failed (the next interval tries again).");
   const lastRenewed = deps.metrics.gauge("trellis_lease_last_renew_timestamp_seconds", "renewTime of the agent's Lease as last written, in seconds since the epoch.");
   // A request that hangs (a black-holed connection) must not stall the heartbeat: it is abandoned after a
@@ -70,7 +71,7 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     const name = leaseName(node.metadata?.name as string);
     const what = `renewing Lease ${leaseNamespace}/${name}`;
     const timeout = AbortSignal.timeout(requestTimeoutMs);
-    const options = withSignal(AbortSignal.any([stopper.signal, timeout]));
+    const options: CallOptions = { signal: AbortSignal.any([stopper.signal, timeout]) };
     for (let attempt = 1; ; attempt++) {
       try {
         if (!known) known = await read(name, options);
@@ -90,11 +91,11 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
     }
   }
 
-  async function read(name: string, options: ConfigurationOptions): Promise<V1Lease | undefined> {
+  async function read(name: string, options: CallOptions): Promise<V1Lease | undefined> {
     try {
       return await coordination.readNamespacedLease({ name, namespace: leaseNamespace }, options);
     } catch (err) {
-      if (err instanceof ApiException && err.code === 404) return undefined;
+      if (explainKubeError(err, { server: deps.kube.server, caSource: deps.kube.caSource, what: `reading Lease ${leaseNamespace}/${name}` }).reason === "not-found") return undefined;
       throw err;
     }
   }
@@ -166,18 +167,3 @@ export function startLeaseController(deps: LeaseControllerDeps): Controller {
   };
 }
 
-/** Per-request options that abort the request with `signal` (client-node's generated API has no other way to pass one). */
-function withSignal(signal: AbortSignal): ConfigurationOptions {
-  return {
-    middleware: [
-      {
-        pre: (ctx) => {
-          ctx.setSignal(signal);
-          return new Observable(Promise.resolve(ctx));
-        },
-        post: (res) => new Observable(Promise.resolve(res)),
-      },
-    ],
-    middlewareMergeStrategy: "append",
-  };
-}

@@ -13,9 +13,10 @@
 // every maintenance window, or (with a disruption budget) for a slot; then its units restart and the node's
 // health gate runs, and the slot goes back once the node passed it. A node that does not pass keeps its
 // slot until it is healthy again; a failed OSC elsewhere never stops a requested restart.
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import type { V1Node } from "@kubernetes/client-node";
 import type { Systemd } from "../host/systemd.ts";
-import { apiClient, type Kube } from "../kube/client.ts";
+import { coreV1 } from "../kube/api.ts";
+import type { Kube } from "../kube/client.ts";
 import { rethrow } from "../kube/errors.ts";
 import { type EventRecorder, nodeRef } from "../kube/events.ts";
 import { describeError, type Logger } from "../log.ts";
@@ -70,7 +71,7 @@ type Request = {
 
 export function startRestartController(deps: RestartControllerDeps): Controller {
   const log = deps.log.with({ controller: "restart" });
-  const core = apiClient(deps.kube, CoreV1Api);
+  const core = coreV1(deps.kube);
   const retryMs = deps.retryMs ?? 5_000;
   let handled: Request | undefined; // the value whose restarts ran, until the annotation disappears
   let latest: V1Node | undefined;
@@ -186,7 +187,7 @@ export function startRestartController(deps: RestartControllerDeps): Controller 
       await core
         .patchNode(
           { name: request.node.name, body: [{ op: "test", path, value: request.value }, { op: "remove", path }] },
-          setHeaderOptions("Content-Type", PatchStrategy.JsonPatch),
+          "json",
         )
         .catch(rethrow(deps.kube, `removing the annotation ${restartAnnotation} from Node ${request.node.name}`));
     } catch (err) {

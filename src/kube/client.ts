@@ -1,133 +1,98 @@
-// Builds a client-node KubeConfig from a Connection, with TLS verified unless the kubeconfig itself
-// says insecure-skip-tls-verify. Token files are re-read when they change, so a rotated token is
-// picked up without a restart (client-node reads `token-file` once and ignores client-go's `tokenFile`).
-import { Buffer } from "node:buffer";
-import { readFileSync, statSync } from "node:fs";
-import { dirname, isAbsolute, join } from "node:path";
-import { type Cluster, type Configuration, createConfiguration, KubeConfig, Observable, ServerConfiguration, type User } from "@kubernetes/client-node";
-import { parse as parseYaml } from "yaml";
+// The connection to the API server every controller shares (a Kube), and the one way requests are
+// made: kubeFetch, and kubeJson for the JSON requests of api.ts. TLS is verified unless the kubeconfig
+// itself says insecure-skip-tls-verify; every request waits for the client-side rate limit, says it
+// comes from trellis, and (kubeJson) gives up after a timeout. client-node contributes its error type
+// and its types; its generated API is not loaded (docs/benchmarks.md, "What dominates RSS").
+import { readFileSync } from "node:fs";
+import { dirname } from "node:path";
+import { ApiException } from "@kubernetes/client-node/dist/gen/apis/exception.js";
+import { fetchWithTls, type TlsOptions } from "../runtime.ts";
 import { version } from "../version.ts";
 import type { Connection } from "./connection.ts";
+import { KubeAuth, kubeAuth } from "./credentials.ts";
+import { type KubeconfigCluster, parseKubeconfig } from "./kubeconfig.ts";
 import { type RateLimit, type Throttle, throttle } from "./rate-limit.ts";
 
+/** How a request reaches the server: fetchWithTls, or in the model-based test an in-memory API server. */
+export type Transport = (url: string, init: RequestInit, tls: TlsOptions, proxy?: string) => Promise<Response>;
+
 export type Kube = {
-  config: KubeConfig;
   server: string;
   /** Where the trusted CA comes from, for error messages: a file, "the kubeconfig", or "the system trust store". */
   caSource: string;
   /** True when the kubeconfig disabled TLS verification. */
   insecure: boolean;
-  /** Awaited before every request (apiClient's and kubeGet's): the client-side rate limit; none when absent. */
+  auth: KubeAuth;
+  /** Awaited before every request: the client-side rate limit; none when absent. */
   throttle?: Throttle;
+  transport?: Transport;
 };
 
 /** `limit`: the agent configuration's clientConnection qps and burst; without it, requests are not limited. */
 export function kubeFromConnection(conn: Connection, limit?: RateLimit): Kube {
-  const config = conn.kind === "kubeconfig" ? fromKubeconfigFile(conn.path) : fromTokenFile(conn);
-  const cluster = config.getCurrentCluster();
-  if (!cluster) throw new Error(`${describe(conn)}: no current cluster (check current-context)`);
   const limited = limit && throttle(limit);
-  return { config, server: cluster.server, caSource: caSource(cluster, conn), insecure: cluster.skipTLSVerify, ...(limited ? { throttle: limited } : {}) };
+  const kube = conn.kind === "kubeconfig" ? fromKubeconfigFile(conn.path) : fromTokenFile(conn);
+  return { ...kube, ...(limited ? { throttle: limited } : {}) };
 }
 
-function describe(conn: Connection): string {
-  return conn.kind === "kubeconfig" ? `kubeconfig ${conn.path}` : `API server ${conn.server}`;
+function fromTokenFile(conn: Extract<Connection, { kind: "token-file" }>): Kube {
+  const cluster: KubeconfigCluster = { server: conn.server, insecure: false, ca: conn.ca };
+  const auth = kubeAuth({ cluster, user: { kind: "plain", tokenFile: conn.tokenFile } }, "", "/");
+  return { server: conn.server, caSource: "file" in conn.ca ? conn.ca.file : "the configured CA", insecure: false, auth };
 }
 
-function caSource(cluster: Cluster, conn: Connection): string {
-  if (cluster.caFile) return cluster.caFile;
-  if (cluster.caData) return conn.kind === "kubeconfig" ? `the certificate-authority-data of ${conn.path}` : "the configured CA";
-  return "the system trust store";
+function fromKubeconfigFile(path: string): Kube {
+  return kubeFromKubeconfig(readFileSync(path, "utf8"), dirname(path), `kubeconfig ${path}`);
 }
 
-function fromTokenFile(conn: Extract<Connection, { kind: "token-file" }>): KubeConfig {
-  const kc = new KubeConfig();
-  kc.loadFromOptions({
-    clusters: [{ name: "default", server: conn.server, ...("file" in conn.ca ? { caFile: conn.ca.file } : { caData: Buffer.from(conn.ca.data).toString("base64") }), skipTLSVerify: false }],
-    users: [{ name: "trellis" }],
-    contexts: [{ name: "default", cluster: "default", user: "trellis" }],
-    currentContext: "default",
-  });
-  kc.addAuthenticator(tokenFileAuthenticator(new Map([["trellis", conn.tokenFile]])));
-  return kc;
+/** A Kube from a kubeconfig's text; `dir`: what its relative paths are relative to; `what` names it in errors. */
+export function kubeFromKubeconfig(text: string, dir: string, what: string): Kube {
+  const config = parseKubeconfig(text, dir, what);
+  const ca = config.cluster.ca;
+  const caSource = ca === undefined ? "the system trust store" : "file" in ca ? ca.file : `the certificate-authority-data of ${what}`;
+  return { server: config.cluster.server, caSource, insecure: config.cluster.insecure, auth: kubeAuth(config, text, dir) };
 }
 
-function fromKubeconfigFile(path: string): KubeConfig {
-  const text = readFileSync(path, "utf8");
-  const kc = new KubeConfig();
-  kc.loadFromString(text);
-  kc.makePathsAbsolute(dirname(path));
-  const tokenFiles = tokenFilesOf(text, dirname(path));
-  if (tokenFiles.size === 0) return kc;
-  // Rebuild without the once-read token, so the authenticator below supplies a fresh one.
-  const users: User[] = kc.users.map((u) => (tokenFiles.has(u.name) ? { ...u, token: undefined } : u));
-  const rebuilt = new KubeConfig();
-  rebuilt.loadFromOptions({ clusters: kc.clusters, users, contexts: kc.contexts, currentContext: kc.currentContext });
-  rebuilt.addAuthenticator(tokenFileAuthenticator(tokenFiles));
-  return rebuilt;
-}
-
-/** user name → token file, from `tokenFile` (client-go) or `token-file` (client-node). */
-function tokenFilesOf(text: string, dir: string): Map<string, string> {
-  const doc = parseYaml(text) as { users?: { name?: unknown; user?: Record<string, unknown> }[] } | null;
-  const out = new Map<string, string>();
-  for (const entry of doc?.users ?? []) {
-    const file = entry.user?.tokenFile ?? entry.user?.["token-file"];
-    if (typeof entry.name === "string" && typeof file === "string" && !entry.user?.token) {
-      out.set(entry.name, isAbsolute(file) ? file : join(dir, file));
-    }
-  }
-  return out;
-}
-
-function tokenFileAuthenticator(files: Map<string, string>) {
-  const cache = new Map<string, { mtimeMs: number; size: number; token: string }>();
-  const read = (file: string): string => {
-    const st = statSync(file);
-    const hit = cache.get(file);
-    if (hit && hit.mtimeMs === st.mtimeMs && hit.size === st.size) return hit.token;
-    const token = readFileSync(file, "utf8").trim();
-    if (token === "") throw new Error(`token file ${file} is empty`);
-    // A token is sent as an HTTP header: reject what would garble it (a PEM pasted into the wrong file).
-    if (/[\s\x00-\x1f\x7f]/.test(token)) throw new Error(`token file ${file} does not hold a bearer token (it contains whitespace or control characters)`);
-    cache.set(file, { mtimeMs: st.mtimeMs, size: st.size, token });
-    return token;
-  };
-  return {
-    isAuthProvider: (user: User) => files.has(user.name),
-    applyAuthentication: async (user: User, opts: { headers?: Record<string, string> }) => {
-      const file = files.get(user.name) as string;
-      opts.headers ??= {};
-      opts.headers.Authorization = `Bearer ${read(file)}`;
-    },
-  };
-}
-
-/** No API request may take longer than this: client-node sets no timeout, and a hung connection would stall its caller for good. */
+/** No API request may take longer than this: a hung connection would stall its caller for good. */
 export const requestTimeoutMs = 30_000;
 
+export type KubeRequest = {
+  method: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
+  /** The path under the server, e.g. /api/v1/nodes/n. */
+  path: string;
+  query?: Record<string, string | undefined>;
+  /** Sent as JSON. */
+  body?: unknown;
+  /** The body's media type when not application/json (the patch types). */
+  contentType?: string;
+  /** Aborts the request (the agent stopping: a request in flight must not keep the process alive). */
+  signal?: AbortSignal;
+};
+
+/** One request as it is answered, whatever its status; the caller reads the body (a watch streams it). */
+export async function kubeFetch(kube: Kube, req: KubeRequest & { signal: AbortSignal }): Promise<Response> {
+  const url = new URL(kube.server.replace(/\/+$/, "") + req.path);
+  for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined) url.searchParams.set(k, v);
+  await kube.throttle?.(req.signal);
+  const creds = await kube.auth.credentials();
+  const headers: Record<string, string> = { ...creds.headers, Accept: "application/json", "User-Agent": `trellis/${version}` };
+  if (req.body !== undefined) headers["Content-Type"] = req.contentType ?? "application/json";
+  const init: RequestInit = { method: req.method, headers, signal: req.signal, ...(req.body !== undefined && { body: JSON.stringify(req.body) }) };
+  return (kube.transport ?? fetchWithTls)(url.toString(), init, creds.tls, creds.proxy);
+}
+
 /**
- * A client-node API client for `kube` whose every request is aborted after `timeoutMs`, or at once when
- * `signal` aborts (the agent stopping: a request in flight must not keep the process alive), and says
- * it comes from trellis (User-Agent). Use this instead of KubeConfig.makeApiClient.
+ * A JSON request: resolves to the answer's object; a status other than 2xx rejects with client-node's
+ * ApiException (code and body), which errors.ts explains. Gives up after `timeoutMs` (the wait for the
+ * rate limit counts, as in client-go's request context).
  */
-export function apiClient<T>(kube: Kube, Api: new (config: Configuration) => T, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): T {
-  const timeoutMs = opts.timeoutMs ?? requestTimeoutMs;
-  const config = createConfiguration({
-    baseServer: new ServerConfiguration(kube.server, {}),
-    authMethods: { default: kube.config },
-    middleware: [
-      {
-        pre: (ctx) => {
-          // The timeout counts the wait for the rate limit too, as client-go's request context does.
-          const signal = opts.signal ? AbortSignal.any([AbortSignal.timeout(timeoutMs), opts.signal]) : AbortSignal.timeout(timeoutMs);
-          ctx.setSignal(signal);
-          ctx.setHeaderParam("User-Agent", `trellis/${version}`);
-          return new Observable((kube.throttle?.(signal) ?? Promise.resolve()).then(() => ctx));
-        },
-        post: (res) => new Observable(Promise.resolve(res)),
-      },
-    ],
-  });
-  return new Api(config);
+export async function kubeJson<T>(kube: Kube, req: KubeRequest, timeoutMs = requestTimeoutMs): Promise<T> {
+  const timeout = AbortSignal.timeout(timeoutMs);
+  const signal = req.signal ? AbortSignal.any([timeout, req.signal]) : timeout;
+  const res = await kubeFetch(kube, { ...req, signal });
+  const text = await res.text();
+  if (res.status < 200 || res.status > 299) {
+    throw new ApiException(res.status, `${req.method} ${req.path}: HTTP ${res.status}`, text, Object.fromEntries(res.headers.entries()));
+  }
+  return (text === "" ? undefined : JSON.parse(text)) as T;
 }

@@ -13,12 +13,13 @@
 // CSR again instead of leaving one behind per attempt and making the approver start over.
 import { Buffer } from "node:buffer";
 import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, X509Certificate } from "node:crypto";
-import { CertificatesV1Api, type V1CertificateSigningRequest } from "@kubernetes/client-node";
+import type { V1CertificateSigningRequest } from "@kubernetes/client-node";
 import { formatDuration } from "../api/duration.ts";
 import { credentialsDir, paths } from "../api/paths.ts";
 import type { Files } from "../host/files.ts";
 import type { Logger } from "../log.ts";
-import { apiClient, type Kube } from "./client.ts";
+import { certificatesV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { certificateRequest, type Subject } from "./csr-pem.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 import { abortableSleep, monotonicMs } from "../time.ts";
@@ -146,7 +147,7 @@ export async function requestClientCertificate(opts: RequestOptions): Promise<st
   const sleep = opts.sleep ?? abortableSleep;
   const signal = opts.signal ?? new AbortController().signal;
   let polls = 0;
-  const api = apiClient(kube, CertificatesV1Api, { signal });
+  const api = certificatesV1(kube, { signal });
   const name = request.name;
   const requestB64 = Buffer.from(request.requestPem).toString("base64");
   const ctx = (what: string) => ({ server: kube.server, caSource: kube.caSource, what });

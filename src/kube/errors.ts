@@ -1,5 +1,5 @@
 // Turns the failures of talking to the API server into one sentence an operator can act on.
-import { ApiException } from "@kubernetes/client-node";
+import { ApiException } from "@kubernetes/client-node/dist/gen/apis/exception.js";
 
 export class KubeError extends Error {
   override name = "KubeError";

@@ -3,9 +3,10 @@
 // cluster-scoped objects go), and a repeat of the same event bumps `count` on the one already there
 // instead of adding another. Recording is best effort: a failure is logged and returned, never thrown
 // into the reconcile that wanted to report something.
-import { type CoreV1Event, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
+import type { CoreV1Event, V1Node } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
-import { apiClient, type Kube } from "./client.ts";
+import { coreV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 import { metaTime } from "./node.ts";
 import { serializer } from "../loops.ts";
@@ -48,7 +49,7 @@ export function createEventRecorder(opts: {
   const windowMs = opts.windowMs ?? 10 * 60_000;
   const now = opts.now ?? (() => new Date());
   const clock = opts.clock ?? monotonicMs;
-  const core = apiClient(kube, CoreV1Api);
+  const core = coreV1(kube);
   const recent = new Map<string, { name: string; count: number; last: number }>();
   // One at a time: two identical events recorded at once must not both find nothing and both create.
   const recording = serializer();
@@ -83,7 +84,7 @@ export function createEventRecorder(opts: {
     try {
       await core.patchNamespacedEvent(
         { name, namespace, body: { count, lastTimestamp: metaTime(at) } },
-        setHeaderOptions("Content-Type", PatchStrategy.MergePatch),
+        "merge",
       );
       return true;
     } catch (err) {

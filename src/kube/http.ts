@@ -1,23 +1,11 @@
-// Plain GETs for what client-node's generated API cannot do: a path given as data, and a body read
-// as a stream (watch). They go through client-node's own HTTP library on purpose: that module's
-// `undici` import is what the Bun build and test preload rewrite to the TLS shim, and under Deno it is
-// the real undici, so the kubeconfig's CA and client certificate apply either way. The global fetch
-// would need that TLS material dug out of the kubeconfig and passed in each runtime's own way.
-import { ApiException, HttpMethod, IsomorphicFetchHttpLibrary, RequestContext, type ResponseContext } from "@kubernetes/client-node";
-import type { Kube } from "./client.ts";
+// GETs whose answer is read as a stream (a watch, a list read with a bound on its size): kubeFetch without
+// a timeout of its own (the watch has its own idle rule), and the error a non-2xx answer makes.
+import { ApiException } from "@kubernetes/client-node/dist/gen/apis/exception.js";
+import { type Kube, kubeFetch } from "./client.ts";
 import { explainKubeError, type KubeError } from "./errors.ts";
 
-const library = new IsomorphicFetchHttpLibrary();
-
-export async function kubeGet(kube: Kube, path: string, query: Record<string, string>, signal: AbortSignal): Promise<ResponseContext> {
-  const url = new URL(kube.server + path);
-  for (const [k, v] of Object.entries(query)) url.searchParams.set(k, v);
-  const ctx = new RequestContext(url.toString(), HttpMethod.GET);
-  ctx.setHeaderParam("Accept", "application/json");
-  ctx.setSignal(signal);
-  await kube.throttle?.(signal);
-  await kube.config.applySecurityAuthentication(ctx);
-  return library.send(ctx).toPromise();
+export function kubeGet(kube: Kube, path: string, query: Record<string, string>, signal: AbortSignal): Promise<Response> {
+  return kubeFetch(kube, { method: "GET", path, query, signal });
 }
 
 /** A non-2xx answer (or an ERROR watch event's Status) as the KubeError errors.ts would make of it. */

@@ -2,9 +2,10 @@
 // through client-node (`leaseApi` below); the model-based test (test/model) runs the same protocol code
 // against an in-memory API with the same optimistic concurrency. Every write carries the resourceVersion
 // it was decided on; a lost race is a KubeError with reason "conflict", a missing object "not-found".
-import { CoordinationV1Api, type V1Lease } from "@kubernetes/client-node";
+import type { V1Lease } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
-import { apiClient, type Kube } from "./client.ts";
+import { coordinationV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError } from "./errors.ts";
 import { watchObjects, type WatchEvent } from "./watch.ts";
 
@@ -29,7 +30,7 @@ export type LeaseApi = {
 };
 
 export function leaseApi(kube: Kube, namespace: string, log: Logger): LeaseApi {
-  const api = apiClient(kube, CoordinationV1Api);
+  const api = coordinationV1(kube);
   const explain = (err: unknown, what: string) => explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
   return {
     async get(name) {

@@ -2,7 +2,7 @@
 // but does not know the type when decoding, so what it reads is the server's string. Writing needs
 // V1MicroTime: a plain Date goes out with 3 fractional digits, and kube-apiserver answers 400 to anything
 // but exactly 6 ("cannot parse ".123Z" as ".000000"", v1.35).
-import { V1MicroTime } from "@kubernetes/client-node";
+import { V1MicroTime } from "@kubernetes/client-node/dist/types.js";
 
 /** A MicroTime as read (the server's string, or a Date) in ms since the epoch; undefined when absent or unparsable. */
 export function timeOf(t: Date | string | undefined): number | undefined {

@@ -1,8 +1,9 @@
 // The agent's own Node: finding it, and the only writes the agent makes to it — labels and
 // annotations (checksum, Kubernetes version, role, zone), status conditions of its own (SystemdUnitsReady …)
 // and a lost InternalIP restored, without disturbing what kubelet and others keep on the same object.
-import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Node } from "@kubernetes/client-node";
-import { apiClient, type Kube } from "./client.ts";
+import type { V1Node } from "@kubernetes/client-node";
+import { coreV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError, KubeError, rethrow } from "./errors.ts";
 
 const hostnameLabel = "kubernetes.io/hostname";
@@ -12,7 +13,7 @@ const hostnameLabel = "kubernetes.io/hostname";
  * is not the host's). No match is reason "not-found": kubelet may not have registered the node yet.
  */
 export async function findNode(kube: Kube, by: { hostname: string }): Promise<V1Node> {
-  const core = apiClient(kube, CoreV1Api);
+  const core = coreV1(kube);
   // kubelet derives the label the same way (nodeutil.GetHostname): trimmed and lower-cased.
   const hostname = by.hostname.trim().toLowerCase();
   const selector = `${hostnameLabel}=${hostname}`;
@@ -27,7 +28,7 @@ export async function findNode(kube: Kube, by: { hostname: string }): Promise<V1
 
 /** The Node as the API server has it now (the watch's copy may not have this agent's last write yet). */
 export function readNode(kube: Kube, nodeName: string): Promise<V1Node> {
-  return apiClient(kube, CoreV1Api).readNode({ name: nodeName }).catch(rethrow(kube, `reading Node ${nodeName}`));
+  return coreV1(kube).readNode({ name: nodeName }).catch(rethrow(kube, `reading Node ${nodeName}`));
 }
 
 /** A JSON merge patch of metadata: a value sets the key, null removes it, a key not given is left alone. */
@@ -37,8 +38,8 @@ export function patchNodeMetadata(
   meta: { labels?: Record<string, string | null>; annotations?: Record<string, string | null> },
 ): Promise<V1Node> {
   const body = { metadata: { ...(meta.labels && { labels: meta.labels }), ...(meta.annotations && { annotations: meta.annotations }) } };
-  return apiClient(kube, CoreV1Api)
-    .patchNode({ name: nodeName, body }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))
+  return coreV1(kube)
+    .patchNode({ name: nodeName, body }, "merge")
     .catch(rethrow(kube, `patching labels/annotations of Node ${nodeName}`));
 }
 
@@ -56,7 +57,7 @@ export async function patchNodeCondition(
   condition: NodeCondition,
   opts: { now?: () => Date; attempts?: number; fresh?: V1Node } = {},
 ): Promise<V1Node> {
-  const core = apiClient(kube, CoreV1Api);
+  const core = coreV1(kube);
   const now = opts.now ?? (() => new Date());
   const attempts = opts.attempts ?? 5;
   const what = `setting condition ${condition.type} of Node ${nodeName}`;
@@ -67,13 +68,13 @@ export async function patchNodeCondition(
     const node = attempt === 1 && opts.fresh ? opts.fresh : await core.readNode({ name: nodeName }).catch(rethrow(kube, what));
     const existing = node.status?.conditions?.find((c) => c.type === condition.type);
     const at = metaTime(now());
-    const since = existing?.status === condition.status && existing.lastTransitionTime ? metaTime(existing.lastTransitionTime) : at;
+    const since = existing?.status === condition.status && existing.lastTransitionTime ? String(existing.lastTransitionTime) : at;
     const body = {
       metadata: { resourceVersion: node.metadata?.resourceVersion },
       status: { conditions: [{ ...condition, lastHeartbeatTime: at, lastTransitionTime: since }] },
     };
     try {
-      return await core.patchNodeStatus({ name: nodeName, body }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
+      return await core.patchNodeStatus({ name: nodeName, body }, "strategic");
     } catch (err) {
       const e = explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
       if (e.reason !== "conflict" || attempt >= attempts) throw e;
@@ -100,8 +101,8 @@ export async function patchNodeConditionIfChanged(kube: Kube, node: V1Node, cond
 export function restoreNodeInternalIP(kube: Kube, node: V1Node, ip: string): Promise<V1Node> {
   const name = node.metadata?.name as string;
   const body = { metadata: { resourceVersion: node.metadata?.resourceVersion }, status: { addresses: [{ type: "InternalIP", address: ip }] } };
-  return apiClient(kube, CoreV1Api)
-    .patchNodeStatus({ name, body }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch))
+  return coreV1(kube)
+    .patchNodeStatus({ name, body }, "merge")
     .catch(rethrow(kube, `restoring the InternalIP ${ip} of Node ${name}`));
 }
 

@@ -2,8 +2,9 @@
 // machine-controller-manager's drain leaves DaemonSet pods, pods with local storage and static pods' mirror
 // pods on the node, and they would keep running with what the update replaced (a CA, a token, kubelet's
 // configuration); deleted, their owners (or kubelet, for a mirror pod) create them anew on the updated node.
-import { CoreV1Api, type V1Pod } from "@kubernetes/client-node";
-import { apiClient, type Kube } from "./client.ts";
+import type { V1Pod } from "@kubernetes/client-node";
+import { coreV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError } from "./errors.ts";
 
 export type PodRef = { namespace: string; name: string };
@@ -12,7 +13,7 @@ export type PodRef = { namespace: string; name: string };
 export async function podsOnNode(kube: Kube, nodeName: string): Promise<PodRef[]> {
   const what = `listing the Pods of Node ${nodeName}`;
   try {
-    const list = await apiClient(kube, CoreV1Api).listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${nodeName}` });
+    const list = await coreV1(kube).listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${nodeName}` });
     return list.items.map((p) => ({ namespace: p.metadata?.namespace ?? "", name: p.metadata?.name ?? "" }));
   } catch (err) {
     throw explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
@@ -25,7 +26,7 @@ export async function podsOnNode(kube: Kube, nodeName: string): Promise<PodRef[]
  */
 export async function deletePodsOnNode(kube: Kube, nodeName: string): Promise<PodRef[]> {
   const pods = await podsOnNode(kube, nodeName);
-  const core = apiClient(kube, CoreV1Api);
+  const core = coreV1(kube);
   const outcomes = await Promise.all(
     pods.map((p) =>
       core.deleteNamespacedPod({ namespace: p.namespace, name: p.name }).then(
@@ -49,7 +50,7 @@ export async function deletePodsOnNode(kube: Kube, nodeName: string): Promise<Po
 export async function labelledPodsOnNode(kube: Kube, nodeName: string, labelSelector: string): Promise<V1Pod[]> {
   const what = `listing the Pods of Node ${nodeName} labelled ${labelSelector}`;
   try {
-    return (await apiClient(kube, CoreV1Api).listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${nodeName}`, labelSelector })).items;
+    return (await coreV1(kube).listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${nodeName}`, labelSelector })).items;
   } catch (err) {
     throw explainKubeError(err, { server: kube.server, caSource: kube.caSource, what });
   }

@@ -3,10 +3,11 @@
 // re-check reads it from memory instead of asking the API server, and a change to it is reported
 // (`onChange`) instead of waiting for the next syncPeriod. gardener-node-agent GETs each one on every
 // reconcile; its NodeAgentAuthorizer grants get, list and watch on them alike.
-import { CoreV1Api, type V1Secret } from "@kubernetes/client-node";
+import type { V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../api/base64.ts";
 import type { Logger } from "../log.ts";
-import { apiClient, type Kube } from "./client.ts";
+import { coreV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError } from "./errors.ts";
 import { type Watcher, watchObjects } from "./watch.ts";
 
@@ -23,7 +24,7 @@ export type SecretRefs = {
 type Entry = { watcher: Watcher; seen: { synced: boolean; secret: V1Secret | undefined } };
 
 export function watchSecretRefs(opts: { kube: Kube; log: Logger; onChange: (name: string) => void }): SecretRefs {
-  const core = apiClient(opts.kube, CoreV1Api);
+  const core = coreV1(opts.kube);
   const watched = new Map<string, Entry>();
 
   const watch = (name: string) => {

@@ -7,9 +7,10 @@
 // the answer is to read again and decide again. Expiry is judged from the holder's renewTime on this
 // node's clock, as gardener-node-agent does: clocks skewed by more than the lease duration would break
 // the exclusion, which NTP-synchronised nodes and a 600 s lease make a non-issue.
-import { CoordinationV1Api, type V1Lease, type V1OwnerReference } from "@kubernetes/client-node";
+import type { V1Lease, V1OwnerReference } from "@kubernetes/client-node";
 import type { Logger } from "../log.ts";
-import { apiClient, type Kube } from "./client.ts";
+import { coordinationV1 } from "./api.ts";
+import type { Kube } from "./client.ts";
 import { explainKubeError, KubeError } from "./errors.ts";
 import { keepMicroTime, microTime, timeOf } from "./micro-time.ts";
 import { serializer } from "../loops.ts";
@@ -57,7 +58,7 @@ export function createSerialGate(opts: {
   if (identity === "") throw new Error(`serial lease ${ref}: the identity (the host's name) must not be empty`);
   if (!Number.isInteger(durationSeconds) || durationSeconds < 1) throw new Error(`serial lease ${ref}: durationSeconds must be a positive integer, not ${durationSeconds}`);
   const log = opts.log.with({ lease: ref, identity });
-  const coordination = apiClient(kube, CoordinationV1Api);
+  const coordination = coordinationV1(kube);
   const owner: V1OwnerReference = { apiVersion: "v1", kind: "Secret", name: secret.name, uid: secret.uid, controller: true };
 
   /** The Lease as last read or written by this gate: renew and release start from it. */

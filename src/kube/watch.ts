@@ -180,10 +180,10 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     let body: { kind?: string; apiVersion?: string; metadata?: { resourceVersion?: string }; items?: T[] };
     try {
       const res = await a.progress(kubeGet(kube, path, selectors, a.signal));
-      const stream = res.body.stream();
+      const stream = res.body;
       if (!stream) throw new KubeError(`${what}: the answer has no body`, "other");
       const text = await readBounded(stream, maxEventBytes, what, a.progress);
-      if (res.httpStatusCode !== 200) throw statusError(kube, what, res.httpStatusCode, text);
+      if (res.status !== 200) throw statusError(kube, what, res.status, text);
       body = JSON.parse(text);
     } catch (err) {
       throw a.explain(err);
@@ -208,8 +208,8 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     const query = { ...selectors, watch: "true", resourceVersion: from, allowWatchBookmarks: "true", timeoutSeconds: String(timeoutSeconds) };
     try {
       const res = await a.progress(kubeGet(kube, path, query, a.signal));
-      if (res.httpStatusCode !== 200) throw statusError(kube, what, res.httpStatusCode, await a.progress(res.body.text()));
-      const stream = res.body.stream();
+      if (res.status !== 200) throw statusError(kube, what, res.status, await a.progress(res.text()));
+      const stream = res.body;
       if (!stream) throw new KubeError(`${what}: the answer has no body`, "other");
       openedAt = now();
       const reader = stream.getReader();

@@ -3,7 +3,7 @@
 import { readFileSync } from "node:fs";
 import { AdmissionregistrationV1Api, CoordinationV1Api, CoreV1Api, type V1ValidatingAdmissionPolicy, type V1ValidatingAdmissionPolicyBinding } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
-import { kubeFromConnection } from "../../src/kube/client.ts";
+import { clientNodeApi } from "./client-node.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import type { Cluster } from "./cluster.ts";
 import { waitFor } from "./exec.ts";
@@ -29,9 +29,8 @@ export async function installAdmissionPolicy(cluster: Cluster): Promise<void> {
     else await api.createValidatingAdmissionPolicyBinding({ body: o as V1ValidatingAdmissionPolicyBinding });
   }
   const { kubeconfig } = await cluster.clientCertUser(`${nodeAgentUserPrefix}policy-probe`, ["system:masters"]);
-  const probe = kubeFromConnection({ kind: "kubeconfig", path: kubeconfig }).config;
-  const core = probe.makeApiClient(CoreV1Api);
-  const leases = probe.makeApiClient(CoordinationV1Api);
+  const core = clientNodeApi(kubeconfig, CoreV1Api);
+  const leases = clientNodeApi(kubeconfig, CoordinationV1Api);
   const refusedBy = (policy: string, request: () => Promise<unknown>) => async () => {
     const outcome = await request().then(
       () => "allowed",

@@ -7,7 +7,8 @@
 // reach admission). After an in-place update A deletes the Pods bound to its Node, and only those.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { ApiException, CoordinationV1Api, CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions, type V1Lease } from "@kubernetes/client-node";
-import { apiClient, type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { clientNodeApi } from "../harness/client-node.ts";
 import { nodeAgentUserPrefix } from "../../src/kube/csr.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
@@ -29,7 +30,7 @@ import { userWithRules } from "../harness/rbac.ts";
 const namespace = "kube-system";
 const log = createLogger({ level: "error" });
 const pool = { a: "gardener-node-agent-pool-a", b: "gardener-node-agent-pool-b" };
-type Agent = { name: string; kube: Kube; core: CoreV1Api; leases: CoordinationV1Api; uid: string };
+type Agent = { name: string; kube: Kube; kubeconfig: string; core: CoreV1Api; leases: CoordinationV1Api; uid: string };
 
 let cluster: Cluster;
 let admin: CoreV1Api;
@@ -39,9 +40,9 @@ let b: Agent;
 async function agent(name: string, secret: string): Promise<Agent> {
   await registerNode(admin, name);
   const rules = [...agentRules([secret]), { namespace: "default", rules: [{ apiGroups: ["events.k8s.io"], resources: ["events"], verbs: ["create"] }] }];
-  const { kube } = await userWithRules(cluster, nodeAgentUserPrefix + name, rules);
+  const { kube, kubeconfig } = await userWithRules(cluster, nodeAgentUserPrefix + name, rules);
   const uid = (await admin.readNode({ name })).metadata?.uid as string;
-  return { name, kube, core: apiClient(kube, CoreV1Api), leases: apiClient(kube, CoordinationV1Api), uid };
+  return { name, kube, kubeconfig, core: clientNodeApi(kubeconfig, CoreV1Api), leases: clientNodeApi(kubeconfig, CoordinationV1Api), uid };
 }
 
 beforeAll(async () => {
@@ -342,7 +343,7 @@ describe("agent A cannot touch B's objects", () => {
     expect(ke?.status).toBe(403);
     expect(ke?.message).toContain(`may write only Events about its own Node node-a, not about Node node-b`);
     const r = await refusal(
-      apiClient(a.kube, EventsV1Api).createNamespacedEvent({
+      clientNodeApi(a.kubeconfig, EventsV1Api).createNamespacedEvent({
         namespace: "default",
         body: { metadata: { name: "forged" }, regarding: { kind: "Node", name: b.name }, reason: "Forged", action: "Forged", eventTime: microTime(new Date()), reportingController: "x", reportingInstance: "x", type: "Normal" },
       }),

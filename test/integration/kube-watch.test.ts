@@ -11,6 +11,7 @@ import { createLogger } from "../../src/log.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { freePort, waitFor } from "../harness/exec.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
+import { clientNodeApi } from "../harness/client-node.ts";
 
 const namespace = "kube-system";
 const path = `/api/v1/namespaces/${namespace}/secrets`;
@@ -113,7 +114,7 @@ test("a watch that goes quiet for longer than the idle timeout is abandoned and 
 }, 30_000);
 
 test("a Role limited to resourceNames: [the secret] is enough to list and watch it, and nothing else", async () => {
-  const { kube } = await userWithRules(cluster, "watcher-b", [
+  const { kube, kubeconfig } = await userWithRules(cluster, "watcher-b", [
     { namespace, rules: [{ apiGroups: [""], resources: ["secrets"], resourceNames: ["osc-b"], verbs: ["get", "list", "watch"] }] },
   ]);
   await create("osc-b", "1");
@@ -125,7 +126,7 @@ test("a Role limited to resourceNames: [the secret] is enough to list and watch 
   expect(summary(seen)).toEqual(["ADDED osc-b=1", "MODIFIED osc-b=2"]);
   expect(watcher.stats()).toMatchObject({ errors: 0, gone: 0 });
 
-  const theirs = kube.config.makeApiClient(CoreV1Api);
+  const theirs = clientNodeApi(kubeconfig, CoreV1Api);
   expect(await statusOf(theirs.readNamespacedSecret({ name: "osc-b", namespace }))).toBe(200);
   expect(await statusOf(theirs.listNamespacedSecret({ namespace, fieldSelector: "metadata.name=osc-b" }))).toBe(200);
   expect(await statusOf(theirs.listNamespacedSecret({ namespace }))).toBe(403);

@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer, type Socket } from "node:net";
-import { CoreV1Api, KubeConfig, type V1Lease, type V1Node } from "@kubernetes/client-node";
+import { CoreV1Api, type V1Lease, type V1Node } from "@kubernetes/client-node";
 import { leaseName, startLeaseController } from "../../src/controllers/lease.ts";
 import { startNodeSource } from "../../src/controllers/node-source.ts";
 import { startTokenController, type TokenController, type TokenSyncConfig } from "../../src/controllers/token.ts";
@@ -23,6 +23,7 @@ import { type Cluster, startCluster } from "../harness/cluster.ts";
 import { runDir, waitFor } from "../harness/exec.ts";
 import { auditOf, userWithRules } from "../harness/rbac.ts";
 import { memoryStatusBoard, metricSample } from "../harness/observe.ts";
+import { testKube } from "../harness/test-kube.ts";
 
 const namespace = "kube-system";
 
@@ -52,9 +53,9 @@ describe("lease", () => {
   /** The Lease as kube-apiserver sends it (client-node would decode the times); undefined when there is none. */
   async function rawLease(name: string): Promise<{ text: string; lease: V1Lease & { spec?: { renewTime?: string } } } | undefined> {
     const res = await kubeGet(admin, `/apis/coordination.k8s.io/v1/namespaces/${namespace}/leases/${name}`, {}, AbortSignal.timeout(10_000));
-    const text = await res.body.text();
-    if (res.httpStatusCode === 404) return undefined;
-    expect(res.httpStatusCode).toBe(200);
+    const text = await res.text();
+    if (res.status === 404) return undefined;
+    expect(res.status).toBe(200);
     return { text, lease: JSON.parse(text) };
   }
   const renewTimeOf = async (name: string) => (await rawLease(name))?.lease.spec?.renewTime ?? "";
@@ -168,14 +169,7 @@ describe("lease", () => {
     const server = createServer((s) => void sockets.push(s));
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const port = (server.address() as { port: number }).port;
-    const config = new KubeConfig();
-    config.loadFromOptions({
-      clusters: [{ name: "hung", server: `https://127.0.0.1:${port}`, caData: Buffer.from(cluster.caPem).toString("base64"), skipTLSVerify: false }],
-      users: [{ name: "u", token: "t" }],
-      contexts: [{ name: "hung", cluster: "hung", user: "u" }],
-      currentContext: "hung",
-    });
-    const kube: Kube = { config, server: `https://127.0.0.1:${port}`, caSource: "the test", insecure: false };
+    const kube = testKube({ server: `https://127.0.0.1:${port}`, caPem: cluster.caPem, token: "t" });
     const node: V1Node = { metadata: { name: "hung-node", uid: "00000000-0000-0000-0000-000000000001" } };
     const source: NodeSource = { current: () => node, subscribe: () => () => undefined, found: Promise.resolve(node) };
     const metrics = createRegistry();

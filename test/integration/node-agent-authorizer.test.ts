@@ -7,9 +7,10 @@
 // rollouts are refused until the Role the document gives is applied, and then a pool admits its node.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync } from "node:fs";
-import { CoordinationV1Api, CoreV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type V1Lease, type V1Role, type V1RoleBinding } from "@kubernetes/client-node";
+import { CoreV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type V1Lease, type V1Role, type V1RoleBinding } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
-import { apiClient, type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { coordinationV1 } from "../../src/kube/api.ts";
+import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
 import { CsrError, newKeyAndRequest, nodeAgentUserPrefix, requestClientCertificate } from "../../src/kube/csr.ts";
 import { KubeError } from "../../src/kube/errors.ts";
 import { createEventRecorder } from "../../src/kube/events.ts";
@@ -134,7 +135,7 @@ describe("what trellis does as gardener-node-agent passes Gardener's node-agent 
   });
 
   test("its heartbeat Lease, created and renewed", async () => {
-    const leases = apiClient(a.kube, CoordinationV1Api);
+    const leases = coordinationV1(a.kube);
     const body: V1Lease = {
       metadata: { name: `gardener-node-agent-${a.name}`, namespace, ownerReferences: [{ apiVersion: "v1", kind: "Node", name: a.name, uid: a.uid, controller: true }] },
       spec: { holderIdentity: a.name, leaseDurationSeconds: 40, renewTime: microTime(new Date()) },

@@ -58,8 +58,8 @@ function logs(): Logs {
 /** The Lease as kube-apiserver sends it, parsed from the raw JSON (client-node would decode the times). */
 async function rawLease(name: string): Promise<{ text: string; lease: { metadata?: V1ObjectMeta; spec?: Record<string, unknown> } }> {
   const res = await kubeGet(admin, `/apis/coordination.k8s.io/v1/namespaces/${namespace}/leases/${name}`, {}, AbortSignal.timeout(10_000));
-  const text = await res.body.text();
-  expect(res.httpStatusCode).toBe(200);
+  const text = await res.text();
+  expect(res.status).toBe(200);
   return { text, lease: JSON.parse(text) };
 }
 

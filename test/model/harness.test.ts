@@ -3,14 +3,14 @@
 // nothing). Today's rollout code is not run here: it is loaded from git history, and it is expected to
 // violate the invariants (bun test/model/run.ts --target old).
 import { describe, expect, test } from "bun:test";
-import { CoordinationV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type V1Lease } from "@kubernetes/client-node";
-import { apiClient } from "../../src/kube/client.ts";
+import type { V1Lease } from "@kubernetes/client-node";
+import { coordinationV1, coreV1 } from "../../src/kube/api.ts";
 import { explainKubeError, KubeError } from "../../src/kube/errors.ts";
 import type { WatchEvent } from "../../src/kube/watch.ts";
 import { VirtualClock } from "./clock.ts";
 import { profiles } from "./faults.ts";
 import { MemoryApi } from "./memory-api.ts";
-import { installHttpRoute, kubeFor } from "./memory-http.ts";
+import { kubeFor } from "./memory-http.ts";
 import { ApiError, MemoryStore } from "./memory-store.ts";
 import { mutexDriver } from "./mutex-driver.ts";
 import { runSchedule } from "./scheduler.ts";
@@ -124,38 +124,33 @@ describe("LeaseApi port", () => {
   });
 });
 
-describe("client-node routed to the model", () => {
+describe("the agent's requests routed to the model", () => {
   test("today's code path: Lease create/replace with 409s, Node merge and strategic merge patches", async () => {
     const { api, settle } = setup();
-    const undo = installHttpRoute(api);
-    try {
-      const kube = kubeFor("n1.i1");
-      const leases = apiClient(kube, CoordinationV1Api);
-      const created = leases.createNamespacedLease({ namespace: "kube-system", body: lease("a", "n1") });
-      await settle();
-      const a = await created;
-      expect(a.metadata?.resourceVersion).toBeDefined();
-      const again = leases.createNamespacedLease({ namespace: "kube-system", body: lease("a", "n1") }).catch((e: unknown) => e);
-      const stale = leases.replaceNamespacedLease({ name: "a", namespace: "kube-system", body: { ...a, metadata: { ...a.metadata, resourceVersion: "999" } } }).catch((e: unknown) => e);
-      await settle();
-      expect(explainKubeError(await again, { server: kube.server, caSource: "", what: "" }).reason).toBe("conflict");
-      expect(explainKubeError(await stale, { server: kube.server, caSource: "", what: "" }).reason).toBe("conflict");
+    const kube = kubeFor("n1.i1", api);
+    const leases = coordinationV1(kube);
+    const created = leases.createNamespacedLease({ namespace: "kube-system", body: lease("a", "n1") });
+    await settle();
+    const a = await created;
+    expect(a.metadata?.resourceVersion).toBeDefined();
+    const again = leases.createNamespacedLease({ namespace: "kube-system", body: lease("a", "n1") }).catch((e: unknown) => e);
+    const stale = leases.replaceNamespacedLease({ name: "a", namespace: "kube-system", body: { ...a, metadata: { ...a.metadata, resourceVersion: "999" } } }).catch((e: unknown) => e);
+    await settle();
+    expect(explainKubeError(await again, { server: kube.server, caSource: "", what: "" }).reason).toBe("conflict");
+    expect(explainKubeError(await stale, { server: kube.server, caSource: "", what: "" }).reason).toBe("conflict");
 
-      api.store.create("nodes", "", { metadata: { name: "n1" }, status: { conditions: [{ type: "Ready", status: "True" }] } });
-      const core = apiClient(kube, CoreV1Api);
-      const labelled = core.patchNode({ name: "n1", body: { metadata: { annotations: { x: "1" } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
-      const conditioned = core.patchNodeStatus({ name: "n1", body: { status: { conditions: [{ type: "Mine", status: "True" }] } } }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
-      await settle();
-      await labelled;
-      await conditioned;
-      const listed = core.listNode({});
-      await settle();
-      const [n] = (await listed).items;
-      expect(n?.metadata?.annotations).toEqual({ x: "1" });
-      expect(n?.status?.conditions?.map((c) => c.type)).toEqual(["Ready", "Mine"]);
-    } finally {
-      undo();
-    }
+    api.store.create("nodes", "", { metadata: { name: "n1" }, status: { conditions: [{ type: "Ready", status: "True" }] } });
+    const core = coreV1(kube);
+    const labelled = core.patchNode({ name: "n1", body: { metadata: { annotations: { x: "1" } } } }, "merge");
+    const conditioned = core.patchNodeStatus({ name: "n1", body: { status: { conditions: [{ type: "Mine", status: "True" }] } } }, "strategic");
+    await settle();
+    await labelled;
+    await conditioned;
+    const listed = core.listNode({});
+    await settle();
+    const [n] = (await listed).items;
+    expect(n?.metadata?.annotations).toEqual({ x: "1" });
+    expect(n?.status?.conditions?.map((c) => c.type)).toEqual(["Ready", "Mine"]);
   });
 });
 

@@ -1,57 +1,36 @@
-// Today's code talks to the API server through @kubernetes/client-node (src/kube/client.ts apiClient).
-// For the model, client-node's HTTP library is routed to the in-memory API instead of a socket: each
-// request becomes one queued MemoryApi request (delivered when the scheduler says), answered with the
-// JSON a kube-apiserver would send (Status bodies for 404/409/410/422), or failing as a broken
-// connection. The server URL names the client: https://<owner>.model.invalid.
+// The agent talks to the API server through a Kube's transport (src/kube/client.ts kubeFetch). For the
+// model, that transport is the in-memory API instead of a socket: each request becomes one queued
+// MemoryApi request (delivered when the scheduler says), answered with the JSON a kube-apiserver would
+// send (Status bodies for 404/409/410/422), or failing as a broken connection. The server URL names the
+// client: https://<owner>.model.invalid.
 //
 // Served: Leases (coordination.k8s.io/v1, namespaced), Nodes and their status subresource, Secrets, and
 // Events (accepted and dropped). GET, LIST (labelSelector), POST, PUT, PATCH (merge, strategic merge for
 // Node conditions; metadata.resourceVersion in a patch is its precondition), DELETE. Not served: watch
 // streams (today's rollout code does not watch; the new protocol watches through the LeaseApi port).
-import { KubeConfig, Observable, type RequestContext, ResponseContext } from "@kubernetes/client-node";
-import { IsomorphicFetchHttpLibrary } from "@kubernetes/client-node/dist/gen/http/isomorphic-fetch.js";
 import type { Kube } from "../../src/kube/client.ts";
+import { KubeAuth } from "../../src/kube/credentials.ts";
 import type { MemoryApi } from "./memory-api.ts";
 import { ApiError, type KObject, type MemoryStore, mergePatch, type Resource, resources, strategicMergePatch } from "./memory-store.ts";
 
 const domain = ".model.invalid";
 
-/** A Kube (src/kube/client.ts) whose requests reach the model as `owner`. */
-export function kubeFor(owner: string): Kube {
+/** A Kube (src/kube/client.ts) whose requests reach the model `api` as `owner`. */
+export function kubeFor(owner: string, api: MemoryApi): Kube {
   const server = `https://${owner}${domain}`;
-  const config = new KubeConfig();
-  // https without CA or credentials: client-node then sets no TLS dispatcher (none is needed: no socket).
-  config.loadFromOptions({
-    clusters: [{ name: "model", server, skipTLSVerify: false }],
-    users: [{ name: "model" }],
-    contexts: [{ name: "model", cluster: "model", user: "model" }],
-    currentContext: "model",
-  });
-  return { config, server, caSource: "the model", insecure: false };
-}
-
-/** Routes client-node's requests to `api` until the returned undo is called. */
-export function installHttpRoute(api: MemoryApi): () => void {
-  const proto = IsomorphicFetchHttpLibrary.prototype;
-  const original = proto.send;
-  proto.send = function send(request: RequestContext) {
-    return new Observable(handle(api, request));
-  };
-  return () => {
-    proto.send = original;
-  };
+  const auth = new KubeAuth(async () => ({ headers: {}, tls: { rejectUnauthorized: true } }));
+  return { server, caSource: "the model", insecure: false, auth, transport: (url, init) => handle(api, url, init) };
 }
 
 type Answer = { status: number; body: string };
 
-function handle(api: MemoryApi, request: RequestContext): Promise<ResponseContext> {
-  const url = new URL(request.getUrl());
+function handle(api: MemoryApi, target: string, init: RequestInit): Promise<Response> {
+  const url = new URL(target);
   if (!url.hostname.endsWith(domain)) return Promise.reject(new Error(`the model serves only *${domain}, not ${url.hostname}`));
   const owner = url.hostname.slice(0, -domain.length);
-  const method = String(request.getHttpMethod());
-  const body = request.getBody();
-  const contentType = request.getHeaders()["Content-Type"] ?? "";
-  const text = typeof body === "string" ? body : undefined;
+  const method = init.method ?? "GET";
+  const contentType = (init.headers as Record<string, string> | undefined)?.["Content-Type"] ?? "";
+  const text = typeof init.body === "string" ? init.body : undefined;
   return api
     .request(owner, `${method} ${url.pathname}${url.search}`, () => serve(api.store, method, url, text, contentType))
     .catch((err: unknown) => {
@@ -61,13 +40,8 @@ function handle(api: MemoryApi, request: RequestContext): Promise<ResponseContex
     .then((a: Answer) => response(a));
 }
 
-function response(a: Answer): ResponseContext {
-  const bytes = Buffer.from(a.body);
-  return new ResponseContext(a.status, { "content-type": "application/json" }, {
-    text: async () => a.body,
-    binary: async () => bytes,
-    stream: () => null,
-  });
+function response(a: Answer): Response {
+  return new Response(a.body, { status: a.status, headers: { "content-type": "application/json" } });
 }
 
 const statusOf = (e: ApiError) => ({ kind: "Status", apiVersion: "v1", metadata: {}, status: "Failure", message: e.message, reason: e.reason, code: e.code });

@@ -13,7 +13,6 @@ import type { Driver } from "./driver.ts";
 import { FaultInjector, type Profile } from "./faults.ts";
 import { endChecks, finished } from "./invariants.ts";
 import type { ApiStats } from "./memory-api.ts";
-import { installHttpRoute } from "./memory-http.ts";
 import type { Violation } from "./truth.ts";
 import { defaultWorld, World, type WorldConfig } from "./world.ts";
 
@@ -60,7 +59,6 @@ export async function runSchedule(o: ScheduleOptions): Promise<ScheduleResult> {
   const faults = new FaultInjector(world, o.profile);
   if (o.dump) world.trace.keepAll();
   const restoreGlobals = o.driver.globals === false ? () => undefined : installGlobals(world.clock, code.next);
-  const restoreRoute = installHttpRoute(world.api);
   let steps = 0;
   try {
     world.boot();
@@ -80,7 +78,6 @@ export async function runSchedule(o: ScheduleOptions): Promise<ScheduleResult> {
     endChecks(world, holdingSince);
     o.inspect?.(world);
   } finally {
-    restoreRoute();
     restoreGlobals();
   }
   return {

@@ -435,7 +435,7 @@ export class World {
       node: m.name,
       owner,
       secretName: secret.name,
-      kube: kubeFor(owner),
+      kube: kubeFor(owner, this.api),
       leases: (namespace) => this.api.leaseApi(owner, namespace),
       files: m.files,
       host: this.host(m, owner),

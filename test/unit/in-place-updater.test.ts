@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Buffer } from "node:buffer";
 import { mkdtempSync } from "node:fs";
-import { KubeConfig, type V1Node } from "@kubernetes/client-node";
+import type { V1Node } from "@kubernetes/client-node";
 import { parseOscBytes } from "../../src/api/desired.ts";
 import { inPlaceStatePath, type InPlaceState } from "../../src/api/in-place-state.ts";
 import { paths } from "../../src/api/paths.ts";
@@ -16,6 +16,7 @@ import type { Kube } from "../../src/kube/client.ts";
 import { createLogger } from "../../src/log.ts";
 import { kubeletConfigPath, noInPlaceChanges } from "../../src/plan/in-place.ts";
 import { runDir } from "../harness/exec.ts";
+import { testKube } from "../harness/test-kube.ts";
 
 type Call = { method: string; path: string; body?: unknown };
 let calls: Call[] = [];
@@ -42,14 +43,7 @@ beforeAll(() => {
       return new Response("not found", { status: 404 });
     },
   });
-  const config = new KubeConfig();
-  config.loadFromOptions({
-    clusters: [{ name: "c", server: `http://127.0.0.1:${server.port}`, skipTLSVerify: true }],
-    users: [{ name: "u", token: "t" }],
-    contexts: [{ name: "x", cluster: "c", user: "u" }],
-    currentContext: "x",
-  });
-  kube = { config, server: `http://127.0.0.1:${server.port}`, caSource: "none", insecure: true };
+  kube = testKube({ server: `http://127.0.0.1:${server.port}`, token: "t" });
 });
 afterAll(() => server?.stop(true));
 

@@ -1,10 +1,11 @@
 import { describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Socket } from "node:net";
-import { ApiException, CoreV1Api } from "@kubernetes/client-node";
+import { ApiException } from "@kubernetes/client-node";
 import { paths } from "../../src/api/paths.ts";
 import { connectionFor } from "../../src/kube/connection.ts";
-import { apiClient, kubeFromConnection } from "../../src/kube/client.ts";
+import { coreV1 } from "../../src/kube/api.ts";
+import { kubeFromConnection } from "../../src/kube/client.ts";
 import { explainKubeError } from "../../src/kube/errors.ts";
 import { runOk } from "../harness/exec.ts";
 
@@ -88,7 +89,7 @@ test("a server that accepts but never answers cannot stall a caller: the request
   try {
     const kube = kubeFromConnection({ kind: "token-file", server: `https://127.0.0.1:${port}`, ca: { file: `${dir}/ca.crt` }, tokenFile: `${dir}/token` });
     const t0 = performance.now();
-    const err = await apiClient(kube, CoreV1Api, { timeoutMs: 300 }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
+    const err = await coreV1(kube, { timeoutMs: 300 }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
     expect(performance.now() - t0).toBeLessThan(5_000);
     const explained = explainKubeError(err, { server: kube.server, caSource: "x", what: "reading Node n" });
     expect(explained.message).toContain("no answer");
@@ -96,7 +97,7 @@ test("a server that accepts but never answers cannot stall a caller: the request
     // The agent stopping ends a request in flight at once, long before its timeout.
     const stop = new AbortController();
     const t1 = performance.now();
-    const pending = apiClient(kube, CoreV1Api, { signal: stop.signal }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
+    const pending = coreV1(kube, { signal: stop.signal }).readNode({ name: "n" }).then(() => undefined, (e: unknown) => e);
     setTimeout(() => stop.abort(new Error("stopping")), 100);
     expect(await pending).toBeDefined();
     expect(performance.now() - t1).toBeLessThan(2_000);

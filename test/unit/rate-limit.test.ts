@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { CoreV1Api } from "@kubernetes/client-node";
-import { apiClient, type Kube, kubeFromConnection } from "../../src/kube/client.ts";
+import { coreV1 } from "../../src/kube/api.ts";
+import { type Kube, kubeFromConnection } from "../../src/kube/client.ts";
 import { kubeGet } from "../../src/kube/http.ts";
 import { throttle, tokenBucket } from "../../src/kube/rate-limit.ts";
 
@@ -53,7 +53,7 @@ describe("the token bucket (client-go's client-side rate limit)", () => {
   });
 });
 
-describe("every request of a Kube made with a limit waits for it: apiClient's and kubeGet's (watches, lists)", () => {
+describe("every request of a Kube made with a limit waits for it: api.ts's and kubeGet's (watches, lists)", () => {
   const arrivals: number[] = [];
   let server: ReturnType<typeof Bun.serve>;
   let dir: string;
@@ -86,11 +86,11 @@ current-context: x
   });
 
   test("6 requests at once: 2 at once (burst), the last 4 at 20/s, so not before 200 ms after the first", async () => {
-    const core = apiClient(kube, CoreV1Api);
+    const core = coreV1(kube);
     const signal = AbortSignal.timeout(10_000);
     await Promise.all([
       ...[1, 2, 3].map(() => core.readNode({ name: "n" })),
-      ...[1, 2, 3].map(() => kubeGet(kube, "/api/v1/nodes/n", {}, signal).then((r) => r.body.text())),
+      ...[1, 2, 3].map(() => kubeGet(kube, "/api/v1/nodes/n", {}, signal).then((r) => r.text())),
     ]);
     expect(arrivals).toHaveLength(6);
     // A lower bound only: the bucket cannot let them through sooner; a loaded machine may be later.

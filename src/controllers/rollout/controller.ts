@@ -11,8 +11,7 @@ import type { V1Lease, V1Node } from "@kubernetes/client-node";
 import { lastGoodOscPath, NodeRolloutSchema, rolloutStatePath } from "../../api/rollout-state.ts";
 import type { RolloutSettings } from "../../api/rollout.ts";
 import { type BootClockReading, elapsedBetween, readBootClock } from "../../host/boot-clock.ts";
-import { CoreV1Api } from "@kubernetes/client-node";
-import { apiClient } from "../../kube/client.ts";
+import { coreV1 } from "../../kube/api.ts";
 import { jsonStore } from "../../host/json-store.ts";
 import { paths } from "../../api/paths.ts";
 import { type LeaseApi, leaseApi, type LeaseWatch } from "../../kube/lease-api.ts";
@@ -369,7 +368,7 @@ export function startRollout(deps: RolloutDeps): Rollout {
     if (!cached?.metadata?.name) return local.healthy ? local : { ...local, inconclusive: true };
     let node: V1Node;
     try {
-      node = await apiClient(deps.kube, CoreV1Api).readNode({ name: cached.metadata.name });
+      node = await coreV1(deps.kube).readNode({ name: cached.metadata.name });
     } catch (err) {
       return { healthy: false, check: `the Node as the API server has it: ${describeError(err)}`, node: true, inconclusive: true };
     }

@@ -7,13 +7,13 @@
 // node would cost thousands of openssl runs; impersonation still gives every agent its own user, so API
 // Priority and Fairness puts each node in its own flow (as distinct agents are), instead of exempting the
 // whole pool as system:masters or queueing it as one flow.
-import { Buffer } from "node:buffer";
 import { readFileSync } from "node:fs";
-import { KubeConfig, type V1Lease } from "@kubernetes/client-node";
+import type { V1Lease } from "@kubernetes/client-node";
 import { nodeAgentUserPrefix } from "../../../src/kube/csr.ts";
 import type { Kube } from "../../../src/kube/client.ts";
 import { microTime } from "../../../src/kube/micro-time.ts";
 import type { Cluster } from "../../harness/cluster.ts";
+import { testKube } from "../../harness/test-kube.ts";
 
 export type Admin = { server: string; tls: { ca: string; cert: string; key: string } };
 
@@ -47,17 +47,9 @@ export async function callOk(admin: Admin, method: string, path: string, body?: 
   return r.json;
 }
 
-/** A Kube for the protocol code (client-node underneath) acting as `user`. */
+/** A Kube for the protocol code acting as `user`. */
 export function impersonated(admin: Admin, user: string): Kube {
-  const b64 = (s: string) => Buffer.from(s).toString("base64");
-  const config = new KubeConfig();
-  config.loadFromOptions({
-    clusters: [{ name: "scale", server: admin.server, caData: b64(admin.tls.ca), skipTLSVerify: false }],
-    users: [{ name: "scale", certData: b64(admin.tls.cert), keyData: b64(admin.tls.key), impersonateUser: user }],
-    contexts: [{ name: "scale", cluster: "scale", user: "scale" }],
-    currentContext: "scale",
-  });
-  return { config, server: admin.server, caSource: "the bench cluster's CA", insecure: false };
+  return testKube({ server: admin.server, caPem: admin.tls.ca, cert: { certPem: admin.tls.cert, keyPem: admin.tls.key }, impersonate: user });
 }
 
 /** What the impersonated users may do: Leases in the two namespaces the pool's Leases live in. */
