@@ -1,4 +1,4 @@
-// bunfig.toml [test] preload: the same undici rewrite as the compiled binary gets, for `bun test`.
+// bunfig.toml [test] preload (and the benchmarks' --preload): the undici rewrite of plugin.ts for client-node's clients in tests.
 import { plugin } from "bun";
 import { undiciShim } from "./plugin.ts";
 
