@@ -340,7 +340,11 @@ try {
   await cluster.stop();
 }
 
+// What held each node: the quota the kernel kept (read back from the node's cgroup before it stopped) and
+// how often CFS throttled it, so that a limit that did not bite shows as one.
+const cpuLimitResult = () => (throttle ? { coresPerNode: CPU_LIMIT, nodeCpuMax: process.env.NODE_CPU_MAX, byPhase: throttle.totals(), nodes: throttle.nodes } : null);
 // Phases 1-6 are kept even if the real worker fails.
+result.cpuLimit = cpuLimitResult();
 saveResult("compare", { date: new Date().toISOString().slice(0, 10), ...result }, new Date().toISOString().slice(0, 10));
 
 // ------------------------------------------------ 7. a real worker, Gardener's OSC (its own control plane)
@@ -350,9 +354,7 @@ const worker = await workerPhase(agents, { runs: WORKER_RUNS, changes: WORKER_CH
 result.worker = worker.timings;
 result.steadyDemoOsc = worker.demoOscIdle;
 mark("");
-// What held each node: the quota the kernel kept (read back from the node's cgroup before it stopped) and
-// how often CFS throttled it, so that a limit that did not bite shows as one.
-result.cpuLimit = throttle ? { coresPerNode: CPU_LIMIT, nodeCpuMax: process.env.NODE_CPU_MAX, byPhase: throttle.totals(), nodes: throttle.nodes } : null;
+result.cpuLimit = cpuLimitResult();
 result.hostCpuBusyCores = phaseCpu;
 result.benchSeconds = round((performance.now() - benchStart) / 1000);
 
