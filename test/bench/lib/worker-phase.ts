@@ -4,7 +4,7 @@
 // kubelet's configuration in that OSC (maxPods): Secret replaced → kubelet's new process → the Node Ready
 // again as the new kubelet reports it. Its own control plane (with kube-controller-manager, serving on
 // the bridge) and registry; a fresh worker per run; the agents take turns.
-// Then the agents' memory with that small OSC (what `bun run demo` applies, ~16 KiB): a worker per agent
+// Then the agents' memory with that small OSC (what `bun run demo` applies, ~19 KiB): a worker per agent
 // brought up at the same time, a Pod on each as in the demo, both idle together and sampled as the
 // steady state samples them on the 1 MiB OSC; these agents never saw a larger OSC.
 import { Buffer } from "node:buffer";
