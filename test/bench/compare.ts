@@ -1,4 +1,4 @@
-// bun run bench [-- --runs 3 --changes 30 --startups 5 --steady-minutes 10]
+// bun run bench [-- --runs 3 --changes 30 --startups 5 --steady-minutes 10 --worker-runs 3 --worker-changes 5 --cpu-limit 0.5]
 //
 // trellis side by side with its peer, Gardener's gardener-node-agent (built from the Go module proxy by
 // test/peer/build.sh), on the same machine in the same run: each agent on its own real node (systemd
@@ -15,13 +15,19 @@
 //      reconcile with nothing to do; same clock (CLOCK_MONOTONIC) for both;
 //   4. no-op re-check: the applied OSC plus a comment → the Node annotation, the CPU it took, the API
 //      requests it made, 10 times each;
-//   5. steady state: RSS, CPU seconds, API requests per hour (audit log) and bytes received from the
-//      API server (a byte-counting TCP relay between each agent and the API server, TLS untouched);
+//   5. steady state: RSS (and its RssAnon and RssFile + RssShmem), CPU seconds, API requests per hour
+//      (audit log) and bytes received from the API server (a byte-counting TCP relay between each agent
+//      and the API server, TLS untouched);
 //   6. binary size and the compressed single-layer image;
 //   7. a real worker (test/bench/lib/worker-phase.ts, its own control plane, after the others): a bare
 //      machine with a real kubelet brought up by each agent with the OSC Gardener renders for its pool,
 //      install.sh → agent's CSR → OSC applied → Node Ready → a Pod Ready; then kubelet's configuration
-//      changed in the OSC → kubelet's new process → the Node Ready again as the new kubelet reports it.
+//      changed in the OSC → kubelet's new process → the Node Ready again as the new kubelet reports it;
+//      then a worker per agent together, both idle with that small OSC (what `bun run demo` applies) for
+//      --steady-minutes: the steady RSS with the demo OSC, beside phase 5's with the 1 MiB one.
+// --cpu-limit CORES: every node of every phase (the agent, systemd, containerd; on a real worker also
+// kubelet and install.sh) under the same CFS quota, the same for both agents (test/bench/lib/cpu-limit.ts);
+// the control plane stays unlimited. Without it, the nodes share the machine's cores unlimited.
 // Every node's kubeconfig points at its own relay (test/harness/byte-proxy.ts), in every phase.
 // A stand-in kubelet answers /healthz on 127.0.0.1:10248 (the nodes share the host's network), so
 // that neither agent's health check restarts a kubelet that was never there.
@@ -42,10 +48,12 @@ import type { AuditEvent } from "../harness/rbac.ts";
 import { type AgentId, type BenchAgent, benchAgents } from "./lib/agents.ts";
 import { AuditTail, auditMs, countByKind, waitWatching } from "./lib/audit.ts";
 import { expectedStarts, oscYaml, secretBody, starts, UNITS, unitName } from "./lib/bench-osc.ts";
+import { nodeCpuMax, ThrottleLog } from "./lib/cpu-limit.ts";
+import { type IdleMemory, sampleIdleMemory } from "./lib/idle-memory.ts";
 import { journal, type JournalLine } from "./lib/journal.ts";
-import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo, memoryKiB } from "./lib/proc.ts";
+import { busyCores, cpuSeconds, hostCpu, initClockTicks, machineInfo } from "./lib/proc.ts";
 import { saveResult } from "./lib/results.ts";
-import { type WorkerPhaseResult, workerPhase } from "./lib/worker-phase.ts";
+import { type DemoOscIdle, type WorkerPhaseResult, workerPhase } from "./lib/worker-phase.ts";
 import { median, round, type Summary, summary } from "./lib/stats.ts";
 
 const { values: args } = parseArgs({
@@ -56,6 +64,7 @@ const { values: args } = parseArgs({
     "steady-minutes": { type: "string", default: "10" },
     "worker-runs": { type: "string", default: "3" },
     "worker-changes": { type: "string", default: "5" },
+    "cpu-limit": { type: "string" },
   },
 });
 const RUNS = Number(args.runs);
@@ -64,7 +73,11 @@ const STARTUPS = Number(args.startups);
 const STEADY_MINUTES = Number(args["steady-minutes"]);
 const WORKER_RUNS = Number(args["worker-runs"]);
 const WORKER_CHANGES = Number(args["worker-changes"]);
+const CPU_LIMIT = args["cpu-limit"] === undefined ? undefined : Number(args["cpu-limit"]);
 const NOOPS = 10;
+// Read by test/harness/node/boot.sh for every node this process boots, the real workers' included.
+if (CPU_LIMIT !== undefined) process.env.NODE_CPU_MAX = nodeCpuMax(CPU_LIMIT);
+const throttle = CPU_LIMIT === undefined ? undefined : new ThrottleLog();
 
 const benchStart = performance.now();
 const progress = (msg: string) => console.error(`[${((performance.now() - benchStart) / 1000).toFixed(1).padStart(7)} s] ${msg}`);
@@ -136,7 +149,9 @@ async function startBench(agent: BenchAgent, syncPeriod = "10m"): Promise<Bench>
   await a.node.execOk(["systemctl", "enable", "--now", "gardener-node-agent.service"]);
   return b;
 }
-async function stopBench(b: Bench): Promise<void> {
+/** Stops the node; with `phase`, first reads its CPU limit's counters (--cpu-limit) for that phase. */
+async function stopBench(b: Bench, phase?: string): Promise<void> {
+  if (phase) throttle?.record(phase, b.agent.id, b.node, await mainPid(b, "gardener-node-agent.service"));
   await b.node.stop();
   await b.proxy.close();
   benches.splice(benches.indexOf(b), 1);
@@ -183,7 +198,7 @@ try {
       res.receivedKiB.push((b.proxy.counts().received - bytes0) / 1024);
       progress(`first apply ${r + 1}/${RUNS} ${agent.label}: ${round((patchAt - t0) / 1000, 2)} s to the annotation, ${round(((res.toAllUnitsMs.at(-1) as number) / 1000), 2)} s to the last unit started`);
       const previous = applied.get(agent.id);
-      if (previous) await stopBench(previous);
+      if (previous) await stopBench(previous, "first apply");
       applied.set(agent.id, b);
     }
   }
@@ -269,18 +284,15 @@ try {
   const steadyStart = await Promise.all(
     nodes.map(async (b) => {
       const pid = await mainPid(b, "gardener-node-agent.service");
-      return { b, pid, cpu: await cpuSeconds(b.node, pid), bytes: b.proxy.counts(), rss: [] as number[] };
+      return { b, pid, cpu: await cpuSeconds(b.node, pid), bytes: b.proxy.counts() };
     }),
   );
   const t0 = wallNow();
-  for (let i = 0; i < STEADY_MINUTES * 6; i++) {
-    await sleep(10_000);
-    for (const s of steadyStart) s.rss.push((await memoryKiB(s.b.node, s.pid)).vmRssKiB / 1024);
-  }
+  const memory = await sampleIdleMemory(steadyStart.map((s) => ({ node: s.b.node, pid: s.pid })), STEADY_MINUTES);
   const t1 = wallNow();
   await sleep(2_000); // the audit log is written after the response
   const steady: Record<string, unknown> = {};
-  for (const s of steadyStart) {
+  for (const [k, s] of steadyStart.entries()) {
     const cpu = (await cpuSeconds(s.b.node, s.pid)) - s.cpu;
     if ((await mainPid(s.b, "gardener-node-agent.service")) !== s.pid) throw new Error(`${s.b.agent.label} restarted during the steady state`);
     const requests = audit.by(s.b.user, t0, t1).filter((e) => e.stage === "ResponseComplete" || e.verb === "watch");
@@ -289,7 +301,7 @@ try {
     const bytes = s.b.proxy.counts();
     steady[s.b.agent.id] = {
       minutes: round((t1 - t0) / 60_000, 2),
-      rssMiB: summary(s.rss),
+      ...(memory[k] as IdleMemory),
       cpuSeconds: round(cpu, 2),
       apiRequestsPerHour: round(byKind.reduce((x, [, n]) => x + n, 0) / hours, 0),
       byVerbAndResourcePerHour: Object.fromEntries(byKind.map(([k, n]) => [k, round(n / hours, 0)])),
@@ -321,20 +333,28 @@ try {
   result.noopRecheck = Object.fromEntries(agents.map((a) => [a.id, { toAnnotationMs: summary(noop[a.id].toAnnotationMs), cpuMs: summary(noop[a.id].cpuMs), apiRequests: summary(noop[a.id].apiRequests, 0) }]));
   result.steady = steady;
   result.sizes = sizes;
+  for (const b of nodes) throttle?.record("reaction, start-up, no-op re-check, steady (the last first apply's nodes)", b.agent.id, b.node, await mainPid(b, "gardener-node-agent.service"));
 } finally {
   for (const b of [...benches].reverse()) await stopBench(b).catch((err: unknown) => console.error(`stopping node ${b.name}: ${String(err)}`));
   await kubelet?.stop(true);
   await cluster.stop();
 }
 
+// What held each node: the quota the kernel kept (read back from the node's cgroup before it stopped) and
+// how often CFS throttled it, so that a limit that did not bite shows as one.
+const cpuLimitResult = () => (throttle ? { coresPerNode: CPU_LIMIT, nodeCpuMax: process.env.NODE_CPU_MAX, byPhase: throttle.totals(), nodes: throttle.nodes } : null);
 // Phases 1-6 are kept even if the real worker fails.
+result.cpuLimit = cpuLimitResult();
 saveResult("compare", { date: new Date().toISOString().slice(0, 10), ...result }, new Date().toISOString().slice(0, 10));
 
 // ------------------------------------------------ 7. a real worker, Gardener's OSC (its own control plane)
 mark("real worker");
 progress(`real worker: ${WORKER_RUNS} bare machine(s) per agent brought up with Gardener's OSC, ${WORKER_CHANGES} kubelet configuration changes each`);
-result.worker = await workerPhase(agents, { runs: WORKER_RUNS, changes: WORKER_CHANGES, progress, turns });
+const worker = await workerPhase(agents, { runs: WORKER_RUNS, changes: WORKER_CHANGES, idleMinutes: STEADY_MINUTES, progress, turns, ...(throttle ? { throttle } : {}) });
+result.worker = worker.timings;
+result.steadyDemoOsc = worker.demoOscIdle;
 mark("");
+result.cpuLimit = cpuLimitResult();
 result.hostCpuBusyCores = phaseCpu;
 result.benchSeconds = round((performance.now() - benchStart) / 1000);
 
@@ -349,7 +369,8 @@ const r = result as {
   reactionLatency: PerAgent<{ toUnitRestartMs: Summary; toAnnotationMs: Summary }>;
   startup: PerAgent<{ processStartToFirstReconcileMs: Summary }>;
   noopRecheck: PerAgent<{ toAnnotationMs: Summary; cpuMs: Summary; apiRequests: Summary }>;
-  steady: PerAgent<{ rssMiB: Summary; cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number; sentKiBPerHour: number }>;
+  steady: PerAgent<IdleMemory & { cpuSeconds: number; apiRequestsPerHour: number; receivedKiBPerHour: number; sentKiBPerHour: number }>;
+  steadyDemoOsc: DemoOscIdle;
   sizes: PerAgent<{ binaryMiB: number; imageLayerGzip9MiB: number; imageLayerZstd19MiB: number }>;
   worker: WorkerPhaseResult;
 };
@@ -365,7 +386,12 @@ const rows: [string, PerAgent<Summary | number>, string][] = [
   [`no-op re-check: agent CPU (${NOOPS})`, { trellis: r.noopRecheck.trellis.cpuMs, gna: r.noopRecheck.gna.cpuMs }, "ms"],
   [`no-op re-check: API requests (${NOOPS})`, { trellis: r.noopRecheck.trellis.apiRequests, gna: r.noopRecheck.gna.apiRequests }, ""],
   [`start-up: process start → first reconcile (${STARTUPS})`, { trellis: r.startup.trellis.processStartToFirstReconcileMs, gna: r.startup.gna.processStartToFirstReconcileMs }, "ms"],
-  [`steady ${STEADY_MINUTES} min: RSS`, { trellis: r.steady.trellis.rssMiB, gna: r.steady.gna.rssMiB }, "MiB"],
+  [`steady RSS (demo OSC, ${STEADY_MINUTES} min)`, { trellis: r.steadyDemoOsc.trellis.rssMiB, gna: r.steadyDemoOsc.gna.rssMiB }, "MiB"],
+  [`steady RSS (1 MiB OSC, ${STEADY_MINUTES} min)`, { trellis: r.steady.trellis.rssMiB, gna: r.steady.gna.rssMiB }, "MiB"],
+  ["  of which RssAnon (demo OSC)", { trellis: r.steadyDemoOsc.trellis.rssAnonMiB, gna: r.steadyDemoOsc.gna.rssAnonMiB }, "MiB"],
+  ["  of which RssAnon (1 MiB OSC)", { trellis: r.steady.trellis.rssAnonMiB, gna: r.steady.gna.rssAnonMiB }, "MiB"],
+  ["  of which RssFile+RssShmem¹ (demo OSC)", { trellis: r.steadyDemoOsc.trellis.rssFileShmemMiB, gna: r.steadyDemoOsc.gna.rssFileShmemMiB }, "MiB"],
+  ["  of which RssFile+RssShmem¹ (1 MiB OSC)", { trellis: r.steady.trellis.rssFileShmemMiB, gna: r.steady.gna.rssFileShmemMiB }, "MiB"],
   [`steady ${STEADY_MINUTES} min: CPU`, { trellis: r.steady.trellis.cpuSeconds, gna: r.steady.gna.cpuSeconds }, "s"],
   ["steady: API requests", { trellis: r.steady.trellis.apiRequestsPerHour, gna: r.steady.gna.apiRequestsPerHour }, "/h"],
   ["steady: received from the API server", { trellis: r.steady.trellis.receivedKiBPerHour, gna: r.steady.gna.receivedKiBPerHour }, "KiB/h"],
@@ -387,12 +413,21 @@ const rows: [string, PerAgent<Summary | number>, string][] = [
 ];
 const v = (result.versions as Record<AgentId, { version: string }> & { bun: string; kubeApiserver: string });
 const ratio = (t: number, g: number) => (g === 0 ? (t === 0 ? "1.00" : "∞") : (t / g).toFixed(2));
+const limits = result.cpuLimit as { byPhase: ReturnType<ThrottleLog["totals"]> } | null;
+const throttled = (id: AgentId) => {
+  const all = Object.values(limits?.byPhase ?? {}).map((p) => p[id]);
+  return `${all.reduce((x, t) => x + (t?.nrThrottled ?? 0), 0)} of ${all.reduce((x, t) => x + (t?.nrPeriods ?? 0), 0)} periods`;
+};
 console.error(
   [
     "",
     `machine: ${machine.nproc} cores (${machine.cpu}), ${machine.memoryGiB} GiB, kernel ${machine.kernel}; trellis ${v.trellis.version} (bun ${v.bun}), gardener-node-agent ${v.gna.version}, kube-apiserver ${v.kubeApiserver}`,
+    CPU_LIMIT === undefined
+      ? "CPU limit: none (the nodes share the machine's cores)"
+      : `CPU limit: ${CPU_LIMIT} core per node, every phase, both agents (v1 cpu cgroup, cfs_quota_us/cfs_period_us ${process.env.NODE_CPU_MAX?.replace(" ", "/")}); nodes throttled in ${agents.map((a) => `${a.label} ${throttled(a.id)}`).join(", ")}`,
     `${"".padEnd(48)} ${"trellis median (min–max)".padEnd(28)} ${"gardener-node-agent".padEnd(28)} trellis/peer`,
     ...rows.map(([what, x, unit]) => `${what.padEnd(48)} ${cell(x.trellis).padEnd(28)} ${cell(x.gna).padEnd(28)} ${ratio(mid(x.trellis), mid(x.gna)).padStart(6)}  ${unit}`),
+    "¹ file-backed and shared pages: mostly the agent's own executable",
     `written to ${saved}`,
   ].join("\n"),
 );

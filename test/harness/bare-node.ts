@@ -222,7 +222,7 @@ const machineImageContainerdConfig = `version = 2
  */
 export async function installAndApprove(cluster: Cluster, registry: Registry, bare: BareNode, tag: string, repo = "trellis/agent"): Promise<{ csr: string; startedMs: number; csrSeenMs: number }> {
   const digest = (await runOk(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", `docker://${registry.host}/${repo}:${tag}`])).trim();
-  return initAndApprove(cluster, bare, () => bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/${repo}:${tag}@${digest}` } }));
+  return initAndApprove(cluster, bare, () => bare.node.execOk(["sh", "/var/lib/cloud/install.sh"], { env: { TRELLIS_IMAGE: `${upstream}/${repo}:${tag}@${digest}` }, underCpuLimit: true }));
 }
 
 /**

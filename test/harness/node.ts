@@ -11,7 +11,20 @@ import { run, type RunResult, waitFor } from "./exec.ts";
 const scripts = new URL("./node/", import.meta.url).pathname;
 const nodePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-export type ExecOptions = { input?: string; timeoutMs?: number; env?: Record<string, string> };
+export type ExecOptions = {
+  input?: string;
+  timeoutMs?: number;
+  env?: Record<string, string>;
+  /**
+   * Run under the node's CPU limit (NODE_CPU_MAX) as well: for work the machine itself would do, such as
+   * cloud-init's install.sh. Otherwise an exec'd command stays in the caller's cgroups (nsenter enters the
+   * node's namespaces, not its cgroups), as the harness's observing commands should.
+   */
+  underCpuLimit?: boolean;
+};
+
+/** The node's cgroup in the host's v1 cpu hierarchy, when NODE_CPU_MAX limited it (test/harness/node/boot.sh). */
+export type CpuLimitCgroup = { mount: string; path: string };
 
 export interface Node {
   /** Unique per node (kept across its reboots); also the node's hostname. */
@@ -24,6 +37,8 @@ export interface Node {
   readonly busAddress: string;
   /** eth0's address for net "bridge" (the host end is 10.233.0.1 on bridge trbr0). */
   ip?: string;
+  /** Where every process of the node is held to NODE_CPU_MAX, if it was set in the environment at boot. */
+  cpuLimit?: CpuLimitCgroup;
   /** Runs a command inside all of the node's namespaces (network included) with a clean environment. */
   exec(cmd: string[], opts?: ExecOptions): Promise<RunResult>;
   /** Like exec(), but throws with the output unless the command exits 0; returns stdout. */
@@ -85,11 +100,14 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
   let pid = await boot(false);
   const state = `/tmp/trellis-test/nodes/${name}`;
   const ip = opts.net === "bridge" ? (await readFile(`${state}/ip`, "utf8")).trim() : undefined;
+  const cpuLimit = process.env.NODE_CPU_MAX ? await readCpuLimit(`${state}/cpu-limit`) : undefined;
 
   let stopped: Promise<void> | undefined;
   const exec = (cmd: string[], o: ExecOptions = {}) => {
     const vars = Object.entries({ PATH: nodePath, HOME: "/root", LANG: "C.UTF-8", ...o.env }).map(([k, v]) => `${k}=${v}`);
-    return run(["nsenter", "-t", String(pid), "-a", "env", "-i", ...vars, ...cmd], { input: o.input, timeoutMs: o.timeoutMs });
+    const enter = ["nsenter", "-t", String(pid), "-a", "env", "-i", ...vars, ...cmd];
+    const join = o.underCpuLimit && cpuLimit ? ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", cpuLimit.mount + cpuLimit.path] : [];
+    return run([...join, ...enter], { input: o.input, timeoutMs: o.timeoutMs });
   };
   const rootOf = () => `/proc/${pid}/root`;
   return {
@@ -104,6 +122,7 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
       return `unix:path=${rootOf()}/run/dbus/system_bus_socket`;
     },
     ...(ip ? { ip } : {}),
+    ...(cpuLimit ? { cpuLimit } : {}),
     exec,
     execOk: async (cmd, o) => {
       const r = await exec(cmd, o);
@@ -139,6 +158,12 @@ export async function bootNode(prefix: string, opts: BootOptions = {}): Promise<
         forget(); // only now: the exit hook retries a stop that failed
       })()),
   };
+}
+
+async function readCpuLimit(file: string): Promise<CpuLimitCgroup> {
+  const [mount, path] = (await readFile(file, "utf8")).trim().split(" ");
+  if (!mount || !path) throw new Error(`${file}: want "MOUNT PATH"`);
+  return { mount, path };
 }
 
 // The host path of `path` inside the node. Walking /proc/PID/root resolves an absolute symlink against

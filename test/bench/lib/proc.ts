@@ -30,9 +30,10 @@ export function procKiB<K extends string>(root: string, pid: number, file: strin
   return Object.fromEntries(keys.map((k) => [k, kib(k)])) as Record<K, number>;
 }
 
-export async function memoryKiB(node: Node, pid: number): Promise<{ vmRssKiB: number; vmHwmKiB: number }> {
-  const { VmRSS, VmHWM } = procKiB(node.root, pid, "status", ["VmRSS", "VmHWM"]);
-  return { vmRssKiB: VmRSS, vmHwmKiB: VmHWM };
+/** VmRSS split as the kernel counts it: RssAnon (heap, stacks: what the process made) and RssFile + RssShmem (mapped files, the executable's pages among them). */
+export async function memoryKiB(node: Node, pid: number): Promise<{ vmRssKiB: number; vmHwmKiB: number; rssAnonKiB: number; rssFileShmemKiB: number }> {
+  const { VmRSS, VmHWM, RssAnon, RssFile, RssShmem } = procKiB(node.root, pid, "status", ["VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"]);
+  return { vmRssKiB: VmRSS, vmHwmKiB: VmHWM, rssAnonKiB: RssAnon, rssFileShmemKiB: RssFile + RssShmem };
 }
 
 export async function machineInfo() {

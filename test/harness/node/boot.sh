@@ -15,7 +15,11 @@
 #   NODE_TIMEOUT=30                   seconds to wait for `systemctl is-system-running` = running
 #   NODE_REBOOT=1                     boot NAME's root again after its systemd ended (`systemctl reboot` in the
 #                                     node): same upper layer, machine-id and address; /run, /tmp and every
-#                                     process start afresh, as on a machine that restarted. Not with NODE_KUBELET.
+#                                     process start afresh, as on a machine that restarted. Not with NODE_KUBELET
+#                                     or NODE_CPU_MAX.
+#   NODE_CPU_MAX="50000 100000"       every process of the node under one CFS quota (µs per period µs: half a core),
+#                                     in a cgroup of the host's cgroup v1 cpu hierarchy; $STATE/cpu-limit names it
+#                                     ("MOUNT PATH": the hierarchy's mount point and the cgroup's path in it)
 # Prints the host PID of the node's systemd (PID 1 inside). State in /tmp/trellis-test/nodes/NAME; the node's
 # root (upper layer) and its NODE_TMPFS directories live on a tmpfs mounted there in the host's mount namespace,
 # so that they outlive the node's systemd (stop.sh unmounts it). $STATE/exit: the launcher's exit status once
@@ -35,6 +39,9 @@ done
 [[ -z $NODE_LOOP || -z $NODE_KUBELET ]] || { echo "NODE_LOOP: not with NODE_KUBELET (its devices cgroup denies block devices)" >&2; exit 2; }
 NODE_TIMEOUT=${NODE_TIMEOUT:-30}
 NODE_REBOOT=${NODE_REBOOT:-}
+NODE_CPU_MAX=${NODE_CPU_MAX:-}
+[[ -z $NODE_CPU_MAX || $NODE_CPU_MAX =~ ^[0-9]+\ [0-9]+$ ]] || { echo "bad NODE_CPU_MAX '$NODE_CPU_MAX' (want QUOTA_US PERIOD_US)" >&2; exit 2; }
+[[ -z $NODE_CPU_MAX || -z $NODE_REBOOT ]] || { echo "NODE_REBOOT: not with NODE_CPU_MAX (its cpu cgroup is not rebuilt)" >&2; exit 2; }
 NODES=/tmp/trellis-test/nodes
 STATE=$NODES/$NAME
 ROOTBASE=$STATE/rootfs
@@ -70,6 +77,15 @@ JOIN=$CG/cgroup.procs
 # the v2 hierarchy offers no cpu/memory/pids controllers, so runc and kubelet need v1 (and systemd then
 # boots in hybrid mode). Each is created below this script's own cgroup in that hierarchy, so the node
 # stays inside whatever limits apply to the test process. stop.sh removes what $STATE/cgroups lists.
+# NODE_CPU_MAX: the quota is set on the node's cgroup in the host's v1 cpu hierarchy, which CFS applies to
+# the whole subtree: on a hybrid host the v2 hierarchy has no cpu controller (cpu.max cannot be had), and PID 1
+# is not systemd (no `systemd-run --scope -p CPUQuota=`). A kubelet node's systemd makes its sub-cgroups below
+# that one; any other node's systemd sees only cgroup2, so what it starts inherits its own v1 cgroup, the limited one.
+cpu_limit() {
+  echo "${NODE_CPU_MAX#* }" > "$1$2/cpu.cfs_period_us"
+  echo "${NODE_CPU_MAX% *}" > "$1$2/cpu.cfs_quota_us"
+  echo "$1 $2" > "$STATE/cpu-limit"
+}
 V1=
 if [[ -n $NODE_KUBELET ]]; then
   while read -r target opts; do
@@ -78,6 +94,7 @@ if [[ -n $NODE_KUBELET ]]; then
     [[ -n $own ]] || continue
     dir=${target}${own%/}/trellis-$NAME
     mkdir "$dir"; echo "$dir" >> "$STATE/cgroups"
+    [[ -z $NODE_CPU_MAX || ,$opts, != *,cpu,* ]] || cpu_limit "$target" "${own%/}/trellis-$NAME"
     case $opts in
       # A new cpuset cgroup has no CPUs or memory nodes, and joining it fails until it has.
       cpuset) cat "$dir/../cpuset.cpus" > "$dir/cpuset.cpus"; cat "$dir/../cpuset.mems" > "$dir/cpuset.mems";;
@@ -91,7 +108,18 @@ if [[ -n $NODE_KUBELET ]]; then
     V1="$V1 ${target##*/}:$opts"
   done < <(findmnt -rn -t cgroup -o TARGET,FS-OPTIONS)
   [[ -n $V1 ]] || { echo "NODE_KUBELET: the host has no cgroup v1 hierarchies" >&2; exit 1; }
+elif [[ -n $NODE_CPU_MAX ]]; then
+  while read -r target opts; do
+    opts=${opts#rw,}
+    [[ ,$opts, == *,cpu,* ]] || continue
+    own=$(awk -F: -v c="$opts" '$1 != 0 && $2 == c { print $3 }' /proc/self/cgroup)
+    dir=${target}${own%/}/trellis-$NAME
+    mkdir "$dir"; echo "$dir" >> "$STATE/cgroups"
+    cpu_limit "$target" "${own%/}/trellis-$NAME"
+    JOIN="$JOIN $dir/cgroup.procs"
+  done < <(findmnt -rn -t cgroup -o TARGET,FS-OPTIONS)
 fi
+[[ -z $NODE_CPU_MAX || -f $STATE/cpu-limit ]] || { echo "NODE_CPU_MAX: the host has no cgroup v1 cpu hierarchy" >&2; exit 1; }
 DROPCAPS=-sys_module,-sys_rawio,-sys_time,-mac_admin,-mac_override,-syslog,-wake_alarm,-block_suspend
 [[ -n $NODE_KUBELET ]] || DROPCAPS=$DROPCAPS,-mknod
 NETFLAG=--net; [[ $NODE_NET == host ]] && NETFLAG=
