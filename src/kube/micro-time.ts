@@ -1,5 +1,5 @@
-// The Lease's MicroTime fields, read and written. client-node 2.0.1 types them as V1MicroTime (a Date)
-// but does not know the type when decoding, so what it reads is the server's string. Writing needs
+// The Lease's MicroTime fields, read and written. client-node 2.0.1 types them as V1MicroTime (a Date),
+// but what the agent reads is the server's JSON, so a string (src/kube/api.ts decodes nothing). Writing needs
 // V1MicroTime: a plain Date goes out with 3 fractional digits, and kube-apiserver answers 400 to anything
 // but exactly 6 ("cannot parse ".123Z" as ".000000"", v1.35).
 import { V1MicroTime } from "@kubernetes/client-node/dist/types.js";
