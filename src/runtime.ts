@@ -8,7 +8,7 @@
 //
 // And the runtime's own settings (applyRuntimeEnv): the flags baked into the executable, and the
 // environment variables the agent executes itself with (src/runtime-env.ts decides).
-import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { bakedRuntimeEnv, decideRuntimeEnv, parseReexecMarker, reexecGuard, reexecMarkerPath, type RuntimeEnvDecision } from "./runtime-env.ts";
 type DenoFfi = {
@@ -200,4 +200,15 @@ function argv0(): string {
   } catch {
     return process.execPath;
   }
+}
+
+/**
+ * Writes a heap snapshot of this process in V8's format (Chrome's DevTools and test/bench/lib/heap-snapshot.ts
+ * read it) to `path`, through a temporary file: whoever waits for `path` reads it whole. Bun only.
+ */
+export function writeHeapSnapshot(path: string): void {
+  const bun = g.Bun as { generateHeapSnapshot?: (format: "v8") => string } | undefined;
+  if (!bun?.generateHeapSnapshot) throw new Error(`${runtimeName()} cannot write a heap snapshot`);
+  writeFileSync(`${path}.tmp`, bun.generateHeapSnapshot("v8"), { mode: 0o600 });
+  renameSync(`${path}.tmp`, path);
 }
