@@ -199,7 +199,7 @@ function reloadLevel(configDir: string, log: Logger): void {
 }
 
 /** Opt-in, for memory investigations (test/bench/profile.ts sets it): SIGUSR2 writes a heap snapshot to this file. */
-export const heapSnapshotEnv = "TRELLIS_HEAP_SNAPSHOT";
+const heapSnapshotEnv = "TRELLIS_HEAP_SNAPSHOT";
 
 /** The SIGUSR2 handler installed, when `path` is set (without it SIGUSR2 ends the agent, as it always did). */
 function heapSnapshotOnSignal(path: string | undefined, log: Logger): (() => void) | undefined {

@@ -57,6 +57,7 @@ export type OscState = {
    * again reads the Secret again.
    */
   secret?: V1Secret;
+  /** osc.yaml's checksum, once the Secret's data was let go of. */
   letGo?: string;
   /** The problems this agent reported for the OSC it sees now (replaced when the OSC changes, so nothing piles up). */
   seen?: { checksum: string; reported: Set<string> };

@@ -44,7 +44,7 @@ export function createOscParser(o: { files: Files; path: string; log: Logger }):
   /** A parse not kept (yet): an OSC that was not applied, retried. */
   let last: { checksum: string; result: Decoded<OperatingSystemConfig> } | undefined;
   /** What the state directory holds, once read (or written): only the checksum, the parse is read again when asked for. */
-  let kept: { checksum?: string } | undefined;
+  let kept: { checksum: string | undefined } | undefined;
 
   async function parse(bytes: Uint8Array, checksum: string, source: string): Promise<Decoded<OperatingSystemConfig>>;
   async function parse(bytes: Uint8Array | undefined, checksum: string, source: string): Promise<Decoded<OperatingSystemConfig> | undefined>;
@@ -52,8 +52,11 @@ export function createOscParser(o: { files: Files; path: string; log: Logger }):
     if (last?.checksum === checksum) return last.result;
     if (!kept || kept.checksum === checksum) {
       const k = await readKept(store, o.path, o.log);
-      kept = { ...(k ? { checksum: k.checksum } : {}) };
-      if (k?.checksum === checksum) return { ok: true, value: k.osc, ignored: k.ignored };
+      kept = { checksum: k?.checksum };
+      if (k?.checksum === checksum) {
+        last = undefined; // an OSC that failed, no longer the Secret's
+        return { ok: true, value: k.osc, ignored: k.ignored };
+      }
     }
     if (!bytes) return undefined;
     const result = parseOscBytes(bytes, source);
