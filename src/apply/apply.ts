@@ -51,8 +51,11 @@ export type ApplyOutcome = {
   restartingSelf: boolean;
 };
 
-/** Applies `desired` (from the OSC with this checksum; `oscYaml` is recorded as last applied on success). */
-export async function applyDesired(desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps): Promise<ApplyOutcome> {
+/**
+ * Applies `desired` (from the OSC with this checksum; `oscYaml` is recorded as last applied on success,
+ * unless it is recorded already: then it may be undefined).
+ */
+export async function applyDesired(desired: Desired, checksum: string, oscYaml: string | Uint8Array | undefined, deps: ApplyDeps): Promise<ApplyOutcome> {
   let state = await deps.store.read();
   let progress = state.progress;
   let resumed = false;
@@ -209,10 +212,13 @@ export function summaryOf(executed: Step[]): { steps: number; restarted: string[
 // `executed`: this run's steps. What the apply of this checksum did is kept with it, so that it can still
 // be reported after the agent restarted (its own restart often ends the first apply, before kubelet has
 // registered the Node to report on); a later no-op re-check keeps it.
-async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array, deps: ApplyDeps, executed: Step[]): Promise<AgentState> {
+async function finish(state: AgentState, desired: Desired, checksum: string, oscYaml: string | Uint8Array | undefined, deps: ApplyDeps, executed: Step[]): Promise<AgentState> {
   const at = (deps.now?.() ?? new Date()).toISOString();
   const previous = state.lastApplied?.checksum === checksum ? state.lastApplied : undefined;
-  if (!previous) await deps.store.recordApplied(oscYaml, desired);
+  if (!previous) {
+    if (oscYaml === undefined) throw new Error(`the OSC ${checksum} is to be recorded as applied, and its bytes were not given`);
+    await deps.store.recordApplied(oscYaml, desired);
+  }
   const summary =
     previous && executed.length === 0
       ? { steps: previous.steps, restarted: previous.restarted }

@@ -33,9 +33,10 @@ import { defaultWaitMs } from "../kube/csr.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
-import { runtimeSettings } from "../runtime.ts";
+import { runtimeSettings, writeHeapSnapshot } from "../runtime.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
+import { monotonicMs } from "../time.ts";
 import { commit, version } from "../version.ts";
 import { loadAgentConfig } from "./agent-config.ts";
 import { ensureAgentCredentials } from "./bootstrap.ts";
@@ -169,8 +170,10 @@ export async function run(args: string[]): Promise<number> {
   ];
   const reloadLogLevel = () => reloadLevel(configDir, log);
   process.on("SIGHUP", reloadLogLevel);
+  const snapshot = heapSnapshotOnSignal(process.env[heapSnapshotEnv], log);
   const reason = await stopRequested;
   process.off("SIGHUP", reloadLogLevel);
+  if (snapshot) process.off("SIGUSR2", snapshot);
   notify.stopping();
   log.info("trellis stopping", { reason });
   // Controllers first (the OSC controller finishes the step it is in), then the servers and the bus.
@@ -193,4 +196,23 @@ function reloadLevel(configDir: string, log: Logger): void {
   } catch (err) {
     log.error("SIGHUP: could not read the configuration again; the log level stays", { error: describeError(err) });
   }
+}
+
+/** Opt-in, for memory investigations (test/bench/profile.ts sets it): SIGUSR2 writes a heap snapshot to this file. */
+const heapSnapshotEnv = "TRELLIS_HEAP_SNAPSHOT";
+
+/** The SIGUSR2 handler installed, when `path` is set (without it SIGUSR2 ends the agent, as it always did). */
+function heapSnapshotOnSignal(path: string | undefined, log: Logger): (() => void) | undefined {
+  if (!path) return undefined;
+  const write = () => {
+    const started = monotonicMs();
+    try {
+      writeHeapSnapshot(path);
+      log.info("heap snapshot written", { path, durationMs: Math.round(monotonicMs() - started) });
+    } catch (err) {
+      log.warn("could not write a heap snapshot", { path, error: describeError(err) });
+    }
+  };
+  process.on("SIGUSR2", write);
+  return write;
 }

@@ -78,6 +78,12 @@ export type WatchOptions<T> = {
   log: Logger;
   /** Awaited, one event at a time. A handler that throws is logged and counted; the watch goes on. */
   onEvent: (e: WatchEvent<T>) => void | Promise<void>;
+  /**
+   * What the watch keeps of each object between events: for a relist to compare (its metadata), and to
+   * deliver as DELETED when the object is gone. All of it by default; a handler that holds a large object
+   * only as long as it needs it (the OSC Secret's data) says what the watch may keep.
+   */
+  remember?: (o: T) => T;
   backoff?: Partial<Backoff>;
   /** The server ends each watch after a random time in this range, so that many nodes do not reconnect in step. */
   timeoutSeconds?: { min: number; max: number };
@@ -137,7 +143,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     if (stopper.signal.aborted) return;
     const key = keyOf(event.object);
     if (event.type === "DELETED") known.delete(key);
-    else known.set(key, event.object);
+    else known.set(key, opts.remember ? opts.remember(event.object) : event.object);
     counters.events++;
     try {
       await onEvent(event);
@@ -218,11 +224,7 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
       for (;;) {
         const chunk = await a.progress(reader.read());
         if (chunk.done) break;
-        for (const line of splitter.push(chunk.value)) {
-          if (line.trim() === "") continue;
-          lines++;
-          await handleLine(line, what);
-        }
+        lines += await handleLines(splitter.push(chunk.value), what);
       }
       if (splitter.rest().trim() !== "") throw new KubeError(`${what}: the stream ended inside an event`, "other");
       // client-go's rule: a watch the server closes at once without a word is a failure, or a
@@ -233,6 +235,18 @@ export function watchObjects<T extends KubeObject>(opts: WatchOptions<T>): Watch
     } finally {
       a.done();
     }
+  }
+
+  // Its own function: a loop over the lines in watch() kept the last one (a whole event, 1.3 MiB of the
+  // OSC Secret's) alive in that function's suspended frame for as long as the watch waited for the next.
+  async function handleLines(lines: string[], what: string): Promise<number> {
+    let handled = 0;
+    for (const line of lines) {
+      if (line.trim() === "") continue;
+      handled++;
+      await handleLine(line, what);
+    }
+    return handled;
   }
 
   async function handleLine(line: string, what: string): Promise<void> {

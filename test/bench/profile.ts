@@ -1,4 +1,4 @@
-// bun run bench:profile [-- --steady-minutes 3]
+// bun run bench:profile [-- --steady-minutes 3] [-- --memory-only]
 //
 // Where trellis's CPU time and memory go in the side-by-side benchmark's phases (test/bench/compare.ts),
 // measured, not guessed: the agent runs on a real node under Bun's sampling CPU profiler (--cpu-prof,
@@ -9,9 +9,11 @@
 // each), and a steady state. Phase boundaries are written into the node's journal (logger), which
 // puts them on the same clock as the agent's start. Before that, without the profiler, the agent's
 // memory is broken down from /proc/PID/smaps_rollup (file-backed: pages of the binary; anonymous: heaps)
-// and its /metrics (the JavaScript heap).
+// and its /metrics (the JavaScript heap), and what holds the heap is read from a heap snapshot the agent
+// writes on SIGUSR2 (TRELLIS_HEAP_SNAPSHOT, set for this node only): every object's retained size, by
+// holder (lib/heap-snapshot.ts). --memory-only stops there.
 // Writes test/bench/results/profile-<date>.json and prints the top functions per phase.
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
@@ -22,11 +24,12 @@ import { runOk, waitFor } from "../harness/exec.ts";
 import type { Node } from "../harness/node.ts";
 import { type CpuProfile, profileWindow } from "./lib/cpuprofile.ts";
 import { oscYaml, secretBody, starts } from "./lib/bench-osc.ts";
+import { analyzeHeapSnapshot } from "./lib/heap-snapshot.ts";
 import { journal } from "./lib/journal.ts";
 import { procKiB } from "./lib/proc.ts";
 import { saveResult } from "./lib/results.ts";
 
-const { values: args } = parseArgs({ options: { "steady-minutes": { type: "string", default: "3" } } });
+const { values: args } = parseArgs({ options: { "steady-minutes": { type: "string", default: "3" }, "memory-only": { type: "boolean", default: false } } });
 const STEADY_MINUTES = Number(args["steady-minutes"]);
 const profileDir = "/var/tmp/trellis-prof";
 const progress = (msg: string) => console.error(`[${new Date().toISOString().slice(11, 19)}] ${msg}`);
@@ -48,7 +51,8 @@ const kubelet = Bun.serve({ hostname: "127.0.0.1", port: 10248, fetch: () => new
 const core = cluster.admin().makeApiClient(CoreV1Api);
 const secretName = "osc-profile";
 const result: Record<string, unknown> = { date: new Date().toISOString().slice(0, 10), steadyMinutes: STEADY_MINUTES };
-const a = await startAgentNode(cluster, { prefix: "profile", secretName, binary, containerd: true });
+const heapSnapshot = "/var/tmp/trellis-heap.json";
+const a = await startAgentNode(cluster, { prefix: "profile", secretName, binary, containerd: true, environment: { TRELLIS_HEAP_SNAPSHOT: heapSnapshot } });
 try {
   const waitAnnotated = (text: string) => waitApplied(a, sha256Hex(text), 120_000, 20);
   let text = oscYaml(0);
@@ -77,55 +81,63 @@ try {
     external: mib(gauge("nodejs_external_memory_bytes")),
     note: "30 s after 30 changes and 10 no-op re-checks of the 1 MiB OSC, no profiler. fileBacked: pages of the executable (Bun runtime + bytecode) and libraries; anonymous: the JS heap, malloc (Bun's own and the native parts), stacks; jsHeap*/external: the agent's /metrics (process.memoryUsage())",
   };
-  text = oscYaml(30);
-  progress(`memory: ${JSON.stringify(result.memoryAfterWorkMiB)}; restarting the agent under the profiler`);
+  // After the figures above: the snapshot's own work (a full collection, the JSON) changes them.
+  await a.node.execOk(["kill", "-USR2", String(plainPid)]);
+  const heap = analyzeHeapSnapshot(await waitFor("the heap snapshot", () => existsSync(`${a.node.root}${heapSnapshot}`) && readFileSync(`${a.node.root}${heapSnapshot}`, "utf8"), 60_000, 200));
+  result.heapAfterWork = { totalMiB: mib(heap.totalBytes), objects: heap.objects, retainedBy: heap.tree };
+  progress(`memory: ${JSON.stringify(result.memoryAfterWorkMiB)}`);
+  progress(`heap snapshot: ${mib(heap.totalBytes)} MiB in ${heap.objects} objects; retained, by holder:\n${heap.tree.join("\n")}`);
+  if (!args["memory-only"]) {
+    text = oscYaml(30);
+    progress("restarting the agent under the profiler");
 
-  await a.node.writeFile(
-    "/etc/systemd/system/gardener-node-agent.service.d/90-profile.conf",
-    `[Service]\nEnvironment=BUN_OPTIONS="--cpu-prof --cpu-prof-dir=${profileDir} --cpu-prof-interval=1000"\n`,
-  );
-  await a.node.execOk(["mkdir", "-p", profileDir]);
-  await a.node.execOk(["systemctl", "daemon-reload"]);
-  await a.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
-  const startUs = Number(await unitProperty(a.node, "gardener-node-agent.service", "ExecMainStartTimestampMonotonic"));
-  const pid = await mainPid(a, "gardener-node-agent.service");
-  const ms = (us: number) => (us - startUs) / 1000;
-  const applied = await waitFor("the first reconcile", async () => (await journal(a.node, pid)).find((l) => l.msg === "OSC applied"), 60_000, 50);
-  const windows: Record<string, [number, number]> = { "start-up → first reconcile": [0, ms(applied.monoUs)] };
-  await Bun.sleep(3_000);
+    await a.node.writeFile(
+      "/etc/systemd/system/gardener-node-agent.service.d/90-profile.conf",
+      `[Service]\nEnvironment=BUN_OPTIONS="--cpu-prof --cpu-prof-dir=${profileDir} --cpu-prof-interval=1000"\n`,
+    );
+    await a.node.execOk(["mkdir", "-p", profileDir]);
+    await a.node.execOk(["systemctl", "daemon-reload"]);
+    await a.node.execOk(["systemctl", "restart", "gardener-node-agent.service"]);
+    const startUs = Number(await unitProperty(a.node, "gardener-node-agent.service", "ExecMainStartTimestampMonotonic"));
+    const pid = await mainPid(a, "gardener-node-agent.service");
+    const ms = (us: number) => (us - startUs) / 1000;
+    const applied = await waitFor("the first reconcile", async () => (await journal(a.node, pid)).find((l) => l.msg === "OSC applied"), 60_000, 50);
+    const windows: Record<string, [number, number]> = { "start-up → first reconcile": [0, ms(applied.monoUs)] };
+    await Bun.sleep(3_000);
 
-  const noop0 = await marker(a.node, "no-op re-checks");
-  for (let k = 1; k <= 10; k++) {
-    const t = `${text}# no-op ${k}\n`;
-    await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, t) });
-    await waitAnnotated(t);
-    await Bun.sleep(500);
+    const noop0 = await marker(a.node, "no-op re-checks");
+    for (let k = 1; k <= 10; k++) {
+      const t = `${text}# no-op ${k}\n`;
+      await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, t) });
+      await waitAnnotated(t);
+      await Bun.sleep(500);
+    }
+    windows["10 no-op re-checks"] = [ms(noop0), ms(await marker(a.node, "no-op done"))];
+    await Bun.sleep(3_000);
+
+    const change0 = await marker(a.node, "changes");
+    for (let i = 1; i <= 5; i++) {
+      const count = (await starts(a.node, 30 + i - 1)).length;
+      text = oscYaml(30 + i);
+      await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, text) });
+      await waitFor("the unit's restart", async () => (await starts(a.node, 30 + i - 1)).length > count, 30_000, 5);
+      await waitAnnotated(text);
+      await Bun.sleep(500);
+    }
+    windows["5 changes (one unit each)"] = [ms(change0), ms(await marker(a.node, "changes done"))];
+
+    progress(`steady state for ${STEADY_MINUTES} min`);
+    await Bun.sleep(30_000);
+    const steady0 = await marker(a.node, "steady");
+    await Bun.sleep(STEADY_MINUTES * 60_000);
+    windows[`steady ${STEADY_MINUTES} min`] = [ms(steady0), ms(await marker(a.node, "steady done"))];
+
+    await a.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
+    const dir = `${a.node.root}${profileDir}`;
+    const file = await waitFor("the profile file", () => readdirSync(dir).find((f) => f.endsWith(".cpuprofile")), 10_000, 100);
+    const profile = JSON.parse(readFileSync(`${dir}/${file}`, "utf8")) as CpuProfile;
+    result.windows = Object.fromEntries(Object.entries(windows).map(([name, [from, to]]) => [name, { fromMs: Math.round(from), toMs: Math.round(to), ...profileWindow(profile, from, to, 1) }]));
   }
-  windows["10 no-op re-checks"] = [ms(noop0), ms(await marker(a.node, "no-op done"))];
-  await Bun.sleep(3_000);
-
-  const change0 = await marker(a.node, "changes");
-  for (let i = 1; i <= 5; i++) {
-    const count = (await starts(a.node, 30 + i - 1)).length;
-    text = oscYaml(30 + i);
-    await core.replaceNamespacedSecret({ name: secretName, namespace: "kube-system", body: secretBody(secretName, text) });
-    await waitFor("the unit's restart", async () => (await starts(a.node, 30 + i - 1)).length > count, 30_000, 5);
-    await waitAnnotated(text);
-    await Bun.sleep(500);
-  }
-  windows["5 changes (one unit each)"] = [ms(change0), ms(await marker(a.node, "changes done"))];
-
-  progress(`steady state for ${STEADY_MINUTES} min`);
-  await Bun.sleep(30_000);
-  const steady0 = await marker(a.node, "steady");
-  await Bun.sleep(STEADY_MINUTES * 60_000);
-  windows[`steady ${STEADY_MINUTES} min`] = [ms(steady0), ms(await marker(a.node, "steady done"))];
-
-  await a.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
-  const dir = `${a.node.root}${profileDir}`;
-  const file = await waitFor("the profile file", () => readdirSync(dir).find((f) => f.endsWith(".cpuprofile")), 10_000, 100);
-  const profile = JSON.parse(readFileSync(`${dir}/${file}`, "utf8")) as CpuProfile;
-  result.windows = Object.fromEntries(Object.entries(windows).map(([name, [from, to]]) => [name, { fromMs: Math.round(from), toMs: Math.round(to), ...profileWindow(profile, from, to, 1) }]));
 } finally {
   await a.node.stop();
   kubelet.stop(true);
@@ -133,7 +145,7 @@ try {
 }
 
 saveResult("profile", result, result.date as string);
-for (const [name, w] of Object.entries(result.windows as Record<string, ReturnType<typeof profileWindow>>)) {
+for (const [name, w] of Object.entries((result.windows ?? {}) as Record<string, ReturnType<typeof profileWindow>>)) {
   console.error(`\n${name}: ${w.busyMs} ms busy of ${w.sampledMs} ms sampled`);
   console.error(`  self:      ${w.self.slice(0, 8).map((f) => `${f.fn} ${f.percent}%`).join("; ")}`);
   console.error(`  inclusive: ${w.inclusive.slice(0, 8).map((f) => `${f.fn} ${f.percent}%`).join("; ")}`);

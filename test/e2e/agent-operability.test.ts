@@ -168,3 +168,30 @@ test("SIGTERM while the API server cannot be reached (watches retrying): it ends
   await agent.node.execOk(["systemctl", "start", "--no-block", agentUnit]);
   await waitApplied(agent, await putOscSecret(cluster, secretName, osc(5)), 60_000);
 }, 120_000);
+
+test("SIGUSR2 with TRELLIS_HEAP_SNAPSHOT set writes a heap snapshot; after an apply it holds neither the OSC Secret's data nor the OSC's parse", async () => {
+  const snapshot = "/var/tmp/trellis-heap.json";
+  await agent.node.writeFile(`/etc/systemd/system/${agentUnit}.d/heap-snapshot.conf`, `[Service]\nEnvironment=TRELLIS_HEAP_SNAPSHOT=${snapshot}\n`, 0o644);
+  await agent.node.execOk(["systemctl", "daemon-reload"]);
+  const mine = await restartAgent();
+  // Content no other object has: a string holding it is the parse (or the YAML) kept.
+  const marker = `heap-marker-${crypto.randomUUID()}`;
+  const text = osc(6).replace('"6\\n"', JSON.stringify(`${marker}\n`));
+  const checksum = await putOscSecret(cluster, secretName, text);
+  await waitApplied(agent, checksum, 60_000);
+  // Its reconcile has ended (the Secret's data is let go of at its end): every "OSC applied" is counted
+  // by the metric, which counts a reconcile once it ended, and nothing wakes the controller after it.
+  const metricsUrl = `http://127.0.0.1:${agent.metricsPort}/metrics`;
+  await waitFor("the apply's reconcile to end", async () => {
+    const applied = (await mine()).filter((l) => l.doc.msg === "OSC applied");
+    const counted = Number(/^trellis_reconcile_total\{result="applied"\} (\S+)$/m.exec(await (await fetch(metricsUrl)).text())?.[1]);
+    return applied.at(-1)?.doc.checksum === checksum && counted === applied.length;
+  }, 30_000);
+  await agent.node.execOk(["kill", "-USR2", String(await mainPid(agent, agentUnit))]);
+  await waitFor("the snapshot written", async () => (await mine()).some((l) => l.doc.msg === "heap snapshot written"), 30_000);
+  const heap = JSON.parse(await Bun.file(`${agent.node.root}${snapshot}`).text()) as { snapshot: { meta: { node_fields: string[] } }; strings: string[] };
+  expect(heap.snapshot.meta.node_fields).toContain("self_size");
+  const base64 = Buffer.from(text).toString("base64");
+  expect(heap.strings.filter((s) => s.includes(marker))).toEqual([]);
+  expect(heap.strings.filter((s) => s.includes(base64.slice(100, 180)))).toEqual([]);
+}, 120_000);

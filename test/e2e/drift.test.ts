@@ -116,6 +116,18 @@ test("a deleted file is written again and reported", async () => {
   console.log(`delete: repaired and reported in ${ms.toFixed(0)} ms`);
 }, 60_000);
 
+test("a drift repaired after the kept parse of the OSC was lost: the Secret, whose data the agent let go of once applied, is read again", async () => {
+  await sh("rm /var/lib/gardener-node-agent/trellis/parsed-osc.json");
+  const t0 = performance.now();
+  await sh("rm /etc/web/index.html");
+  await waitForEvent("DriftRepaired", "/etc/web/index.html: missing", t0);
+  expect(await agent.node.readFile("/etc/web/index.html")).toBe(`<h1>hello from trellis, version ${version}</h1>\n`);
+  const journal = await sh("journalctl -u gardener-node-agent.service -o cat --no-pager");
+  expect(journal).toContain('"msg":"reading the OSC Secret again"');
+  // Parsed from the Secret's bytes, and kept again.
+  await waitFor("the parse kept again", async () => JSON.parse(await agent.node.readFile("/var/lib/gardener-node-agent/trellis/parsed-osc.json")).checksum, 10_000);
+}, 60_000);
+
 test("a file replaced by rename is repaired and reported", async () => {
   const t0 = performance.now();
   await sh("echo 'renamed over it' > /etc/web/.index.new && chmod 0600 /etc/web/.index.new && mv /etc/web/.index.new /etc/web/index.html");

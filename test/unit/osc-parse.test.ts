@@ -42,12 +42,33 @@ describe("parsing osc.yaml", () => {
     expect(Bun.file(`${root}${kept}`).size).toBeGreaterThan(0);
   });
 
-  test("the same bytes twice: one parse, the same result", async () => {
-    const { parser } = fresh();
-    const parse = parser();
-    const first = await parse(osc, oscChecksum(osc), "s");
+  test("the same bytes twice before they are kept: one parse, the same result", async () => {
+    const { root } = fresh();
+    const p = createOscParser({ files: createFiles(root), path: kept, log: createLogger({ level: "error" }) });
+    const first = await p.parse(osc, oscChecksum(osc), "s");
     expect(first.ok).toBe(true);
-    expect(await parse(osc, oscChecksum(osc), "s")).toBe(first);
+    expect(await p.parse(osc, oscChecksum(osc), "s")).toBe(first);
+  });
+
+  test("once kept, the parse is not held: the same checksum is read from the kept file, with or without the bytes", async () => {
+    const { root } = fresh();
+    const p = createOscParser({ files: createFiles(root), path: kept, log: createLogger({ level: "error" }) });
+    expect(p.kept()).toBeUndefined();
+    await p.parse(osc, oscChecksum(osc), "s");
+    await p.keep(oscChecksum(osc));
+    expect(p.kept()).toBe(oscChecksum(osc));
+    const doc = JSON.parse(readFileSync(`${root}${kept}`, "utf8"));
+    doc.osc.spec.files[0].path = "/etc/from-the-kept-parse";
+    writeFileSync(`${root}${kept}`, JSON.stringify(doc));
+    for (const bytes of [osc, undefined]) {
+      const again = await p.parse(bytes, oscChecksum(osc), "s");
+      expect(again?.ok && again.value.spec.files?.[0]?.path).toBe("/etc/from-the-kept-parse");
+    }
+    // Without the bytes, another checksum (or a kept file that is gone) has no parse: the caller reads the Secret again.
+    expect(await p.parse(undefined, "another checksum", "s")).toBeUndefined();
+    writeFileSync(`${root}${kept}`, "{");
+    expect(await p.parse(undefined, oscChecksum(osc), "s")).toBeUndefined();
+    expect(p.kept()).toBeUndefined();
   });
 
   test("a restarted agent takes the kept parse of the same checksum (validated again), and parses anything else", async () => {

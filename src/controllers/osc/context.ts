@@ -51,8 +51,14 @@ export type Wait = { atMs: number; why: string };
 
 /** What the controller keeps between reconciles. */
 export type OscState = {
-  /** The Secret as the watch last delivered it. */
+  /**
+   * The Secret as the watch last delivered it; without its data once its OSC was applied and its parse
+   * kept in the state directory (`letGo` is then osc.yaml's checksum): a reconcile that needs the bytes
+   * again reads the Secret again.
+   */
   secret?: V1Secret;
+  /** osc.yaml's checksum, once the Secret's data was let go of. */
+  letGo?: string;
   /** The problems this agent reported for the OSC it sees now (replaced when the OSC changes, so nothing piles up). */
   seen?: { checksum: string; reported: Set<string> };
   /** When this node first saw the OSC, for the reconciliation delay (persisted too). */
@@ -104,6 +110,12 @@ export function retryWait(ctx: OscContext, why: string): Wait {
 export function noted(ctx: OscContext, checksum: string): { checksum: string; reported: Set<string> } {
   if (ctx.state.seen?.checksum !== checksum) ctx.state.seen = { checksum, reported: new Set() };
   return ctx.state.seen;
+}
+
+/** The Secret without its data: what the watch and the controller keep of it once its OSC is applied and kept. */
+export function withoutData(secret: V1Secret): V1Secret {
+  const { data: _data, stringData: _stringData, ...rest } = secret;
+  return rest;
 }
 
 /** Sets the result the status board shows. */

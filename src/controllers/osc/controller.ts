@@ -20,7 +20,7 @@ import { describeError } from "../../log.ts";
 import { later, singleFlight } from "../../loops.ts";
 import { monotonicMs } from "../../time.ts";
 import { createInPlaceUpdater, readyForUpdate } from "../in-place.ts";
-import { type OscContext, type OscControllerDeps, result, retryWait, type Wait } from "./context.ts";
+import { type OscContext, type OscControllerDeps, result, retryWait, type Wait, withoutData } from "./context.ts";
 import { createOscParser } from "./parse.ts";
 import { reconcile } from "./reconcile.ts";
 import { annotations, reportStatus } from "./report.ts";
@@ -116,8 +116,10 @@ export function startOscController(deps: OscControllerDeps): OscController {
     path: "/api/v1/namespaces/kube-system/secrets",
     fieldSelector: `metadata.name=${deps.secretName}`,
     log,
+    remember: withoutData,
     onEvent: (e) => {
       ctx.state.secret = e.type === "DELETED" ? undefined : e.object;
+      ctx.state.letGo = undefined;
       // When this node learnt of a change, before any work on it: with the "OSC applied" line after it,
       // where a slow rollout spent its time on this node (delivery or the node's own work).
       log.info("OSC Secret changed", { event: e.type.toLowerCase(), resourceVersion: e.object.metadata?.resourceVersion });

@@ -8,7 +8,7 @@ import { stringify } from "yaml";
 import { decodeBase64 } from "../../api/base64.ts";
 import { type Desired, oscChecksum, secretRefsOf } from "../../api/desired.ts";
 import type { InPlaceChanges } from "../../api/in-place-state.ts";
-import { type Layered, layeredChecksum, layerOsc, parseOverlays } from "../../api/layers.ts";
+import { type Layered, layeredChecksum, layerOsc, type Overlay, parseOverlays } from "../../api/layers.ts";
 import type { OperatingSystemConfig } from "../../api/osc.ts";
 import { oscDataKey } from "../../api/paths.ts";
 import type { Plan } from "../../api/plan.ts";
@@ -19,6 +19,7 @@ import { applyDesired } from "../../apply/apply.ts";
 import { desiredForNode, type RegistryWait } from "../../apply/desired-for-node.ts";
 import { planForNode } from "../../apply/observe.ts";
 import { checkSelfUpdate } from "../../apply/self-update.ts";
+import { coreV1 } from "../../kube/api.ts";
 import { isSerialRollout, type SerialGate } from "../../kube/serial-gate.ts";
 import { describeError } from "../../log.ts";
 import { every } from "../../loops.ts";
@@ -27,7 +28,7 @@ import { hasInPlaceChanges, removingCpuManagerState } from "../../plan/in-place.
 import { endsInPlace } from "../in-place.ts";
 import { describeStep } from "../../plan/render.ts";
 import { awaitRegistries, awaitStaticPods } from "./before-report.ts";
-import { noted, type OscContext, periodic, result, retryWait, type Wait } from "./context.ts";
+import { noted, type OscContext, periodic, result, retryWait, type Wait, withoutData } from "./context.ts";
 import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
 import { firstHold, type Gates, gatesFor, giveUpSerialLease, holdAfterFailure, serialCoolOffLeft } from "./gates.ts";
 import { finishInPlace, holdInPlace, inPlaceInterrupted } from "./in-place.ts";
@@ -44,8 +45,11 @@ type Resolved = {
   base: string;
   checksum: string;
   layered: Layered & { revision: string };
-  /** What is recorded as applied (last-applied-osc.yaml, the rollback target): the layered OSC. */
-  applied: Uint8Array;
+  /**
+   * What is recorded as applied (last-applied-osc.yaml, the rollback target): the layered OSC. Undefined
+   * when osc.yaml's bytes were let go of: this OSC is recorded already.
+   */
+  applied: Uint8Array | undefined;
   desired: Desired;
   /** Registries applied without, as their readiness probe has not answered yet. */
   waitingFor: RegistryWait[];
@@ -85,30 +89,38 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   // The rollout settings first: requested restarts go through them even while the OSC is invalid or cannot be resolved.
   const rollout = parseRolloutSettings(secret.metadata?.annotations, source);
   if (rollout.ok) deps.rollout.observe({ secretUid: secret.metadata?.uid ?? "", settings: rollout.value });
-  const encoded = secret.data?.[oscDataKey];
-  if (encoded === undefined) return { wait: await invalid(ctx, "missing", [`${source}: has no data["${oscDataKey}"]`]) };
-  const bytes = decodeBase64(encoded);
-  if (!bytes) return { wait: await invalid(ctx, "undecodable", [`${source}: data["${oscDataKey}"] is not valid base64`]) };
-  // Gardener's checksum: of the bytes as they are, never of a re-encoded text. The Node's
-  // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
-  // a checksum of its own (`checksum`), for everything else.
-  const base = oscChecksum(bytes);
+  // osc.yaml's bytes, or (let go of once its OSC was applied) its checksum alone.
+  let bytes: Uint8Array | undefined;
+  let base: string;
+  if (state.letGo === undefined) {
+    const encoded = secret.data?.[oscDataKey];
+    if (encoded === undefined) return { wait: await invalid(ctx, "missing", [`${source}: has no data["${oscDataKey}"]`]) };
+    bytes = decodeBase64(encoded);
+    if (!bytes) return { wait: await invalid(ctx, "undecodable", [`${source}: data["${oscDataKey}"] is not valid base64`]) };
+    // Gardener's checksum: of the bytes as they are, never of a re-encoded text. The Node's
+    // checksum/cloud-config-data names it; with overlays matching this node, what the node applies has
+    // a checksum of its own (`checksum`), for everything else.
+    base = oscChecksum(bytes);
+  } else base = state.letGo;
   const refuse = async (errors: string[]) => {
     noted(ctx, base);
     state.status.lastChecksum = base;
     return { wait: await invalid(ctx, base, errors) };
   };
   const parsed = await ctx.parser.parse(bytes, base, source);
+  if (!parsed) return readSecretAgain(ctx, why, "its kept parse cannot be read");
   if (!parsed.ok) return refuse(parsed.errors);
   // Before anything can hold the OSC back or fail it, as gardener-node-agent does.
   await labelRoleAndZone(ctx, parsed.value);
-  const layered = layersFor(ctx, secret, parsed.value, bytes, source);
+  const layered = layersFor(ctx, secret, parsed.value, { base, bytes }, source);
   if (!layered.ok) return refuse(layered.errors);
   const { matched } = layered.value;
-  const checksum = layeredChecksum(bytes, matched);
+  const checksum = checksumWith({ base, bytes }, matched);
   noted(ctx, checksum);
   state.status.lastChecksum = checksum;
   const applied = matched.length > 0 ? new TextEncoder().encode(stringify(layered.value.osc)) : bytes;
+  // The bytes are recorded when this OSC is applied (again: a rollback recorded another since).
+  if (!applied && (await deps.store.read()).lastApplied?.checksum !== checksum) return readSecretAgain(ctx, why, "it is to be recorded as applied");
   const resolved = await desiredForNode(layered.value.osc, source, {
     files: deps.files,
     hostName: deps.hostName,
@@ -143,11 +155,34 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   return { secret, base, checksum, layered: layered.value, applied, desired: resolved.value, waitingFor: resolved.waitingFor, state: agentState, inPlaceWork: inPlaceWork.value, settings: rollout.value };
 }
 
+/** osc.yaml's checksum, or (held only while they are needed) its bytes. */
+type OscYaml = { base: string; bytes: Uint8Array | undefined };
+
+/** The checksum of osc.yaml with `overlays`: its own without any (a Secret with overlays keeps its bytes). */
+function checksumWith(osc: OscYaml, overlays: readonly Overlay[]): string {
+  if (overlays.length === 0) return osc.base;
+  if (!osc.bytes) throw new Error("osc.yaml's bytes were let go of while the Secret has overlays");
+  return layeredChecksum(osc.bytes, overlays);
+}
+
+/**
+ * The Secret read from the API server, its data needed again, and this reconcile's resolving begun over
+ * with it (the Secret then holds its data, this time resolves with its bytes). A failed read is this
+ * reconcile's error, retried.
+ */
+async function readSecretAgain(ctx: OscContext, why: string, needed: string): Promise<Resolved | { wait: Wait }> {
+  const name = ctx.deps.secretName;
+  ctx.log.info("reading the OSC Secret again", { secret: `kube-system/${name}`, why: needed });
+  ctx.state.secret = await coreV1(ctx.deps.kube).readNamespacedSecret({ name, namespace: "kube-system" });
+  ctx.state.letGo = undefined;
+  return resolve(ctx, why);
+}
+
 /**
  * The OSC with the Secret's overlays that match this Node's labels (none before the Node is known), and
  * the Secret's revision: osc.yaml and every overlay, what the pool's rollout admits and stops.
  */
-function layersFor(ctx: OscContext, secret: V1Secret, osc: OperatingSystemConfig, bytes: Uint8Array, source: string): Result<Layered & { revision: string }> {
+function layersFor(ctx: OscContext, secret: V1Secret, osc: OperatingSystemConfig, yaml: OscYaml, source: string): Result<Layered & { revision: string }> {
   const data: Record<string, Uint8Array> = {};
   for (const [key, encoded] of Object.entries(secret.data ?? {})) {
     if (!key.startsWith("overlay")) continue;
@@ -159,7 +194,7 @@ function layersFor(ctx: OscContext, secret: V1Secret, osc: OperatingSystemConfig
   if (!overlays.ok) return overlays;
   ctx.state.layeredSecret = overlays.value.length > 0;
   const layered = layerOsc(osc, overlays.value, ctx.deps.node.current()?.metadata?.labels ?? {}, source);
-  return layered.ok ? { ok: true, value: { ...layered.value, revision: layeredChecksum(bytes, overlays.value) } } : layered;
+  return layered.ok ? { ok: true, value: { ...layered.value, revision: checksumWith(yaml, overlays.value) } } : layered;
 }
 
 async function passGates(ctx: OscContext, r: Resolved): Promise<Passed | { wait: Wait }> {
@@ -281,8 +316,21 @@ async function applyAndReport(ctx: OscContext, r: Resolved, p: Passed, cpuAtStar
   if (node) await gate?.release();
   // Housekeeping after the report: the Node says the OSC is applied as soon as it is.
   await ctx.parser.keep(base);
+  letGoOfData(ctx, r);
   await pruneImages(ctx, r.desired);
   return periodic(ctx);
+}
+
+/**
+ * Once its OSC is applied and its parse kept, the Secret's data is not held (1.3 MiB for the 1 MiB OSC, on
+ * every node for as long as the OSC stays): a re-check reads the kept parse, a change brings the Secret
+ * anew. Kept while the Secret has overlays (their bytes make the checksum), and when the watch delivered
+ * another version meanwhile.
+ */
+function letGoOfData(ctx: OscContext, r: Resolved): void {
+  if (ctx.state.secret !== r.secret || ctx.state.layeredSecret || r.checksum !== r.base || ctx.parser.kept() !== r.base) return;
+  ctx.state.secret = withoutData(r.secret);
+  ctx.state.letGo = r.base;
 }
 
 const cpuMsSince = (from: ReturnType<typeof process.cpuUsage>) => {
