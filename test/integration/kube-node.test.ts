@@ -115,7 +115,8 @@ test("a condition: set, heartbeat keeps lastTransitionTime while the status stay
   await core.patchNodeStatus({ name: "node-b", body: { status: { conditions: [ready] } } }, setHeaderOptions("Content-Type", PatchStrategy.StrategicMergePatch));
   const at = (iso: string) => () => new Date(iso);
   const ours = (n: V1Node) => n.status?.conditions?.find((c) => c.type === "SystemdUnitsReady");
-  const iso = (d: Date | undefined) => d?.toISOString();
+  // The agent's requests return the server's JSON (times as strings); client-node's client decodes them to Dates.
+  const iso = (d: Date | string | undefined) => (d === undefined ? undefined : new Date(d).toISOString());
 
   await patchNodeCondition(agent, "node-b", { type: "SystemdUnitsReady", status: "True", reason: "ProgressingUnits", message: "kubelet.service: activating" }, { now: at("2026-02-01T10:00:00.700Z") });
   const healthy = await patchNodeCondition(
