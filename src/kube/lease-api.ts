@@ -1,5 +1,5 @@
 // The Lease operations the fleet rollout protocol needs, as a small port: the agent uses the API server
-// through client-node (`leaseApi` below); the model-based test (test/model) runs the same protocol code
+// through src/kube/api.ts (`leaseApi` below); the model-based test (test/model) runs the same protocol code
 // against an in-memory API with the same optimistic concurrency. Every write carries the resourceVersion
 // it was decided on; a lost race is a KubeError with reason "conflict", a missing object "not-found".
 import type { V1Lease } from "@kubernetes/client-node";

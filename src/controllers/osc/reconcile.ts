@@ -119,8 +119,10 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
   noted(ctx, checksum);
   state.status.lastChecksum = checksum;
   const applied = matched.length > 0 ? new TextEncoder().encode(stringify(layered.value.osc)) : bytes;
+  // Read once for this reconcile: its one writer, the apply, runs after resolving.
+  const agentState = await deps.store.read();
   // The bytes are recorded when this OSC is applied (again: a rollback recorded another since).
-  if (!applied && (await deps.store.read()).lastApplied?.checksum !== checksum) return readSecretAgain(ctx, why, "it is to be recorded as applied");
+  if (!applied && agentState.lastApplied?.checksum !== checksum) return readSecretAgain(ctx, why, "it is to be recorded as applied");
   const resolved = await desiredForNode(layered.value.osc, source, {
     files: deps.files,
     hostName: deps.hostName,
@@ -136,7 +138,6 @@ async function resolve(ctx: OscContext, why: string): Promise<Resolved | { wait:
     const wait = await invalid(ctx, checksum, resolved.errors);
     return { wait: resolved.retry ? retryWait(ctx, "an image could not be fetched, or containerd did not say its version") : wait };
   }
-  const agentState = await deps.store.read();
   const selfUpdateProblem = await checkSelfUpdate(resolved.value, {
     files: deps.files,
     selfBinary: deps.selfBinary,
