@@ -136,6 +136,8 @@ test("static pods: the checksum waits until their mirror pods carry the manifest
     expect(await appliedEvents(a, v1)).toEqual([]);
     await setReady(true);
     await waitApplied(a.name, v1);
+    // The event is recorded after the checksum is stamped and before the condition says Applied.
+    await waitCondition(a.name, "Applied", v1);
     expect((await appliedEvents(a, v1)).length).toBe(1);
 
     // A new manifest: the mirror pod of the old one, Ready as it is, is not the new one rolled out.
