@@ -5,9 +5,10 @@
 import { Buffer } from "node:buffer";
 import { dirname } from "node:path";
 import { CoreV1Api } from "@kubernetes/client-node";
-import { type AgentNode, putOscSecret, startAgentNode } from "../harness/agent.ts";
+import { type AgentNode, mainPid, putOscSecret, startAgentNode } from "../harness/agent.ts";
 import { pushImage } from "../harness/bare-node.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
+import { waitFor } from "../harness/exec.ts";
 import { type Registry, startRegistry } from "../harness/registry.ts";
 import { type BenchAgent, benchAgents } from "../bench/lib/agents.ts";
 import { serviceUnit } from "./osc.ts";
@@ -112,6 +113,9 @@ async function startTwin(cluster: Cluster, agent: BenchAgent, stops: (() => Prom
   await a.node.writeFile(osUpdateTool, osUpdateScript, 0o755);
   // --no-block: trellis's unit is Type=notify and ready only after its first reconcile, and there is no OSC yet.
   await a.node.execOk(["systemctl", "enable", "--now", "--no-block", "gardener-node-agent.service"]);
+  // The first step's "before" must see the agent's process: a start job still queued then would count as a
+  // restart of the agent by that step (its InvocationID appears only after it).
+  await waitFor(`${agent.label}'s process on ${a.name}`, async () => ((await mainPid(a, "gardener-node-agent.service")) > 0 ? true : undefined), 60_000, 50);
   return { ...a, side: agent.id, label: agent.label, secretName, agent };
 }
 

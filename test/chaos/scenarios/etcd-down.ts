@@ -2,7 +2,9 @@
 // written (the agent's Lease renewals fail and it lapses). Nothing is written during the outage; once etcd
 // is back the agent must renew its Lease, be ready and apply a Secret change, with no unit restarted.
 import type { Scenario } from "../scenario.ts";
-import type { V1Secret } from "@kubernetes/client-node";
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Secret } from "@kubernetes/client-node";
+import type { Cluster } from "../../harness/cluster.ts";
+import { auditOf } from "../../harness/rbac.ts";
 import { waitApplied } from "../../harness/agent.ts";
 import { waitFor } from "../../harness/exec.ts";
 import { recordVersions } from "../../harness/watch.ts";
@@ -45,6 +47,9 @@ export const scenario: Scenario = {
         // from that cache: it is timed against a watch of the test's own opened the same way (before the
         // outage, resumed from its last resourceVersion), so the cache's lag is not counted as the agent's.
         // The write is retried while kube-apiserver still fails writes (the test's write failing is not the agent's).
+        // Each resource's storage in kube-apiserver has its own etcd client, back at its own pace: the agent
+        // reports on its Node, so the API server must accept a Node write again before the agent is timed.
+        await waitFor("kube-apiserver writing Nodes again", () => nodeWritten(rig.cluster, rig.agent.name, `after-etcd-${i}`), 120_000, 250);
         const started = performance.now();
         const checksum = await waitFor("the Secret written after the outage", () => rig.putOsc(`after-etcd-${i}`), 30_000, 250);
         const delivered = await waitFor("the Secret change on the test's own watch", () => reference.versions.find((v) => v.object.metadata?.annotations?.["checksum/data-script"] === checksum), 120_000, 50);
@@ -59,7 +64,8 @@ export const scenario: Scenario = {
         const agentSawMs = seen === undefined ? -1 : Math.round(seen - (performance.timeOrigin + started));
         if (appliedMs - watchDeliveredMs > 5_000) {
           problems.push(`a Secret change after the outage was applied ${appliedMs - watchDeliveredMs} ms after the test's own watch delivered it (limit 5000)`);
-          log(journal.filter((l) => l.includes("watch") || l.includes("OSC")).slice(-30).join("\n"));
+          log(journal.slice(-60).join("\n"));
+          log(`the agent's Node patches (received → answered): ${nodePatches(rig.cluster, rig.agent.user, delivered.at - 60_000)}`);
         }
         const readyMs = await waitAgentReady(rig, 30_000);
         problems.push(...unitRestarts(before, await unitStates(rig.node)).map((r) => `unexpected restart: ${r}`));
@@ -74,3 +80,20 @@ export const scenario: Scenario = {
     }
   },
 };
+
+/** Writes an annotation of the test's own to Node `name`; true once the API server answered within 5 s. */
+async function nodeWritten(cluster: Cluster, name: string, value: string): Promise<true | undefined> {
+  const core = cluster.admin().makeApiClient(CoreV1Api);
+  const patch = core.patchNode({ name, body: { metadata: { annotations: { "chaos.trellis.dev/probe": value } } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch));
+  const answered = await Promise.race([patch.then(() => true as const), Bun.sleep(5_000).then(() => undefined)]);
+  patch.catch(() => undefined); // a write that failed or hung is retried: only its answer in time counts
+  return answered;
+}
+
+/** The agent's PATCHes of its Node since `sinceMs` (epoch ms) in the audit log: when each was received and answered, and how. */
+function nodePatches(cluster: Cluster, user: string, sinceMs: number): string {
+  return auditOf(cluster, user)
+    .filter((e) => e.verb === "patch" && e.stage === "ResponseComplete" && e.objectRef?.resource === "nodes" && Date.parse(e.requestReceivedTimestamp) >= sinceMs)
+    .map((e) => `${e.requestReceivedTimestamp} → ${e.stageTimestamp} ${e.responseStatus?.code ?? "?"}${e.objectRef?.subresource ? ` (${e.objectRef.subresource})` : ""}`)
+    .join("; ");
+}
