@@ -11,7 +11,7 @@
 //
 // And an HTTPS request with a given CA and client certificate (fetchWithTls): the web fetch has no
 // option for either, each runtime has its own.
-import { mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { bakedRuntimeEnv, decideRuntimeEnv, parseReexecMarker, reexecGuard, reexecMarkerPath, type RuntimeEnvDecision } from "./runtime-env.ts";
 type DenoFfi = {
@@ -233,13 +233,9 @@ export function fetchWithTls(url: string, init: RequestInit, tls: TlsOptions, pr
   return fetch(url, { ...init, tls: bunTls, ...(proxy && { proxy }) } as RequestInit);
 }
 
-/**
- * Writes a heap snapshot of this process in V8's format (Chrome's DevTools and test/bench/lib/heap-snapshot.ts
- * read it) to `path`, through a temporary file: whoever waits for `path` reads it whole. Bun only.
- */
-export function writeHeapSnapshot(path: string): void {
+/** A heap snapshot of this process in V8's format (Chrome's DevTools and test/bench/lib/heap-snapshot.ts read it). Bun only. */
+export function heapSnapshot(): string {
   const bun = g.Bun as { generateHeapSnapshot?: (format: "v8") => string } | undefined;
   if (!bun?.generateHeapSnapshot) throw new Error(`${runtimeName()} cannot write a heap snapshot`);
-  writeFileSync(`${path}.tmp`, bun.generateHeapSnapshot("v8"), { mode: 0o600 });
-  renameSync(`${path}.tmp`, path);
+  return bun.generateHeapSnapshot("v8");
 }

@@ -20,7 +20,7 @@ import { startRestartController } from "../controllers/restart.ts";
 import { startTokenController } from "../controllers/token.ts";
 import type { Controller } from "../controllers/types.ts";
 import { startUnitHealthController } from "../controllers/unit-health.ts";
-import { createFiles } from "../host/files.ts";
+import { createFiles, type Files } from "../host/files.ts";
 import { withKnownHashes } from "../host/known-hashes.ts";
 import { archOf, createImageStore } from "../host/registry/store.ts";
 import { startSystemdNotify } from "../host/notify.ts";
@@ -33,7 +33,7 @@ import { defaultWaitMs } from "../kube/csr.ts";
 import { createEventRecorder } from "../kube/events.ts";
 import { createLogger, describeError, type Logger } from "../log.ts";
 import { createRegistry } from "../metrics.ts";
-import { runtimeSettings, writeHeapSnapshot } from "../runtime.ts";
+import { heapSnapshot, runtimeSettings } from "../runtime.ts";
 import { startServers } from "../server.ts";
 import { createStatusBoard, readiness } from "../status.ts";
 import { monotonicMs } from "../time.ts";
@@ -170,7 +170,7 @@ export async function run(args: string[]): Promise<number> {
   ];
   const reloadLogLevel = () => reloadLevel(configDir, log);
   process.on("SIGHUP", reloadLogLevel);
-  const snapshot = heapSnapshotOnSignal(process.env[heapSnapshotEnv], log);
+  const snapshot = heapSnapshotOnSignal(process.env[heapSnapshotEnv], files, log);
   const reason = await stopRequested;
   process.off("SIGHUP", reloadLogLevel);
   if (snapshot) process.off("SIGUSR2", snapshot);
@@ -201,13 +201,17 @@ function reloadLevel(configDir: string, log: Logger): void {
 /** Opt-in, for memory investigations (test/bench/profile.ts sets it): SIGUSR2 writes a heap snapshot to this file. */
 const heapSnapshotEnv = "TRELLIS_HEAP_SNAPSHOT";
 
-/** The SIGUSR2 handler installed, when `path` is set (without it SIGUSR2 ends the agent, as it always did). */
-function heapSnapshotOnSignal(path: string | undefined, log: Logger): (() => void) | undefined {
+/**
+ * The SIGUSR2 handler installed, when `path` is set (without it SIGUSR2 ends the agent, as it always did).
+ * Written as every node file is (atomically, no symlink followed): the path an operator names may lie in
+ * a directory others can write to (/var/tmp).
+ */
+function heapSnapshotOnSignal(path: string | undefined, files: Files, log: Logger): (() => void) | undefined {
   if (!path) return undefined;
-  const write = () => {
+  const write = async () => {
     const started = monotonicMs();
     try {
-      writeHeapSnapshot(path);
+      await files.writeAtomic(path, heapSnapshot(), 0o600);
       log.info("heap snapshot written", { path, durationMs: Math.round(monotonicMs() - started) });
     } catch (err) {
       log.warn("could not write a heap snapshot", { path, error: describeError(err) });
