@@ -13,7 +13,7 @@
 // journal poll (every 50 ms, from the host, outside the node's limit) sees the line: up to ~60 ms of work
 // after it counts too. Readings are utime+stime from /proc (clock ticks, 10 ms).
 // Writes test/bench/results/startup-cpu-<date>.json.
-import { readdirSync, readFileSync } from "node:fs";
+import { readdirSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { sha256Hex } from "../../src/api/desired.ts";
@@ -24,7 +24,7 @@ import { type AgentId, type BenchAgent, benchAgents } from "./lib/agents.ts";
 import { oscYaml, secretBody } from "./lib/bench-osc.ts";
 import { nodeCpuMax, readThrottling } from "./lib/cpu-limit.ts";
 import { journal } from "./lib/journal.ts";
-import { initClockTicks, machineInfo, ticksPerSecond } from "./lib/proc.ts";
+import { initClockTicks, machineInfo, readStat, type Stat, ticksPerSecond } from "./lib/proc.ts";
 import { saveResult } from "./lib/results.ts";
 import { median, round } from "./lib/stats.ts";
 import { threadRole, threadTicks } from "./lib/threads.ts";
@@ -35,21 +35,17 @@ const STARTUPS = Number(args.startups);
 if (CPU_LIMIT !== undefined) process.env.NODE_CPU_MAX = nodeCpuMax(CPU_LIMIT);
 const progress = (msg: string) => console.error(`[${new Date().toISOString().slice(11, 19)}] ${msg}`);
 
-type ProcReading = { comm: string; ppid: number; ticks: number };
-
 /**
  * utime + stime of every process of the node now, by pid (the node's pid namespace): those that descend
  * from its PID 1. The harness's observers (journalctl, systemctl, entered with nsenter from the host) are
  * in the node's pid namespace too, but their parent is outside it (ppid 0 there).
  */
-function nodeProcesses(root: string): Map<number, ProcReading> {
-  const all = new Map<number, ProcReading>();
+function nodeProcesses(root: string): Map<number, Stat> {
+  const all = new Map<number, Stat>();
   for (const entry of readdirSync(`${root}/proc`)) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      const stat = readFileSync(`${root}/proc/${entry}/stat`, "utf8");
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      all.set(Number(entry), { comm: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")), ppid: Number(fields[1]), ticks: Number(fields[11]) + Number(fields[12]) });
+      all.set(Number(entry), readStat(`${root}/proc/${entry}/stat`));
     } catch {
       // the process ended between readdir and read
     }

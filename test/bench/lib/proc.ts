@@ -13,11 +13,21 @@ export async function initClockTicks(): Promise<number> {
 }
 export const ticksPerSecond = () => clockTicks;
 
-/** utime + stime of a process in seconds (fields 14 and 15 of proc(5)); `root` is "" for the host. */
-export function cpuSecondsAt(root: string, pid: number): number {
-  const stat = readFileSync(`${root}/proc/${pid}/stat`, "utf8");
+export type Stat = { comm: string; ppid: number; ticks: number };
+
+/**
+ * /proc/PID/stat (or task/TID/stat) as read from `file` (of proc(5)): the name (which may hold spaces and
+ * parentheses, so it is cut at the last ")"), the parent, and utime + stime (fields 14 and 15) in clock ticks.
+ */
+export function readStat(file: string): Stat {
+  const stat = readFileSync(file, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / clockTicks;
+  return { comm: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")), ppid: Number(fields[1]), ticks: Number(fields[11]) + Number(fields[12]) };
+}
+
+/** utime + stime of a process in seconds; `root` is "" for the host. */
+export function cpuSecondsAt(root: string, pid: number): number {
+  return readStat(`${root}/proc/${pid}/stat`).ticks / clockTicks;
 }
 
 /** utime + stime of a process inside the node, in seconds. */

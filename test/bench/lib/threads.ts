@@ -3,8 +3,8 @@
 // end when idle and are started again), so a tracker samples every few seconds and keeps each thread's
 // last reading; what threads that lived between two samples used is the process's total less the sum
 // over the threads seen ("unattributed").
-import { readdirSync, readFileSync } from "node:fs";
-import { ticksPerSecond } from "./proc.ts";
+import { readdirSync } from "node:fs";
+import { readStat, ticksPerSecond } from "./proc.ts";
 
 type ThreadReading = { comm: string; ticks: number };
 
@@ -19,10 +19,8 @@ export function threadTicks(root: string, pid: number): Map<number, ThreadReadin
   }
   for (const tid of tids) {
     try {
-      const stat = readFileSync(`${root}/proc/${pid}/task/${tid}/stat`, "utf8");
-      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      out.set(Number(tid), { comm, ticks: Number(fields[11]) + Number(fields[12]) });
+      const { comm, ticks } = readStat(`${root}/proc/${pid}/task/${tid}/stat`);
+      out.set(Number(tid), { comm, ticks });
     } catch {
       // the thread ended between readdir and read
     }
@@ -32,9 +30,7 @@ export function threadTicks(root: string, pid: number): Map<number, ThreadReadin
 
 /** utime + stime of the whole process (its ended threads included), in clock ticks. */
 function processTicks(root: string, pid: number): number {
-  const stat = readFileSync(`${root}/proc/${pid}/stat`, "utf8");
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return Number(fields[11]) + Number(fields[12]);
+  return readStat(`${root}/proc/${pid}/stat`).ticks;
 }
 
 /** Thread names as their role: JavaScriptCore numbers none of its threads, Bun numbers its pool's ("Bun Pool 3"). */
