@@ -44,7 +44,7 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
     }
     for (const l of listeners) l(node);
   };
-  const watchByName = (name: string) => {
+  const watchByName = (name: string): Watcher => {
     watching = name;
     watch = watchObjects<V1Node>({
       kube: opts.kube,
@@ -56,10 +56,15 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
         else seen(e.object);
       },
     });
+    return watch;
   };
   // kubelet derives its Node's name from the host name the same way (trimmed, lower-cased).
   const byName = opts.hostName.trim().toLowerCase();
-  watchByName(byName);
+  // The first watch's list (a Node by another name is looked for after it); a stop before it resolves it too.
+  const listed = watchByName(byName).synced.then(
+    () => undefined,
+    () => undefined,
+  );
 
   const lookByLabel = async () => {
     await watch.synced.catch(() => undefined);
@@ -94,6 +99,7 @@ export function startNodeSource(opts: NodeSourceOptions): NodeSource & Controlle
       return () => listeners.delete(listener);
     },
     found,
+    listed,
     stop: async () => {
       stopped = true;
       retry.cancel();

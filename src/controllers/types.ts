@@ -17,6 +17,8 @@ export type NodeSource = {
   subscribe(listener: (node: V1Node) => void): () => void;
   /** Resolves once the Node has been found (it may never be, before kubelet registers it). */
   found: Promise<V1Node>;
+  /** Resolves once the API server first answered for the Node (found or not); never rejects. */
+  listed: Promise<void>;
 };
 
 export type ComponentStatus = {

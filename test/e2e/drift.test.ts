@@ -41,17 +41,32 @@ afterAll(async () => {
 });
 
 const sh = (script: string) => agent.node.execOk(["sh", "-c", script]);
+const agentUnit = "gardener-node-agent.service";
+const stop = () => agent.node.execOk(["systemctl", "stop", agentUnit]);
+/** Returns when the agent told systemd it is ready: after its first reconcile. */
+const start = () => agent.node.execOk(["systemctl", "start", agentUnit]);
+/** The agent's JSON log lines of process `pid`. */
+async function agentLines(pid: number): Promise<{ msg: string; [key: string]: unknown }[]> {
+  const out = await agent.node.execOk(["journalctl", "-u", agentUnit, "-o", "cat", "--no-pager", `_PID=${pid}`]);
+  return out.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+}
 /** The agent's status file says its drift watches are up in `mode` and its OSC is applied. */
 const watching = (a: AgentNode, mode: string) =>
   waitFor(
     `${a.name}'s agent watching in mode ${mode}, its OSC applied`,
     async () => {
       const { components: c } = JSON.parse(await a.node.readFile("/run/trellis/status.json"));
-      return c.drift?.mode === mode && c.drift.watchedDirs > 0 && c.osc?.lastResult === "applied";
+      // nodeCheckPending: a restarted agent's first reconcile trusted the record; the node's check is still to come.
+      return c.drift?.mode === mode && c.drift.watchedDirs > 0 && c.osc?.lastResult === "applied" && c.osc.nodeCheckPending === false;
     },
     30_000,
     100,
   );
+/** How many times the Warning DriftRepaired said `path`'s content differed and a reconcile repaired it (an event repeated counts up). */
+const contentRepairs = async (path: string) =>
+  (await nodeEvents(agent))
+    .filter((e) => e.reason === "DriftRepaired" && e.type === "Warning" && e.message?.startsWith(`${path}: content differs`) && e.message.includes("repaired by a reconcile"))
+    .reduce((n, e) => n + (e.count ?? 1), 0);
 const driftEvents = async () => (await nodeEvents(agent)).filter((e) => e.reason?.startsWith("Drift"));
 
 /** Waits for the Warning `reason` whose message contains `text`; returns it and the ms since `since`. */
@@ -184,13 +199,13 @@ test("drift that keeps coming back sets ConfigurationDrift, cleared once quiet",
   expect(cleared).toMatchObject({ reason: "NoRecurringDrift", message: `no file or unit needed 3 repairs within ${recurringWindowS}s` });
 }, 90_000);
 
-test("drift made while the agent was down is repaired by its first reconcile, and reported: a deletion and a chmod", async () => {
-  await agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
+test("drift made while the agent was down is repaired by its check of the node after the start, and reported: a deletion and a chmod", async () => {
+  await stop();
   await sh("rm /etc/ticker/message && chmod 0600 /etc/web/index.html");
-  await agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
+  await start();
   for (const message of ["/etc/ticker/message: missing", "/etc/web/index.html: mode 0600, applied 0644"]) {
     const event = await waitFor(
-      `the DriftRepaired event of the first reconcile: ${message}`,
+      `the DriftRepaired event of the node's check after the start: ${message}`,
       async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message === `${message}; repaired by a reconcile (the periodic re-check, or one that came first)`),
       20_000,
       100,
@@ -201,9 +216,24 @@ test("drift made while the agent was down is repaired by its first reconcile, an
   expect((await sh("stat -c %a /etc/web/index.html")).trim()).toBe("644");
 }, 60_000);
 
+test("a restarted agent says its OSC is applied as the Node and its record say, at once, then checks the node: a file edited while it was down is repaired right after", async () => {
+  await watching(agent, "repair");
+  const repairsBefore = await contentRepairs("/etc/web/index.html");
+  await stop();
+  await sh("echo 'edited while the agent was down' > /etc/web/index.html");
+  await start();
+  const pid = Number(await unitProperty(agent.node, agentUnit, "MainPID"));
+  // The first reconcile: the recognition alone (no apply, nothing reported); the node's check comes after it.
+  const first = (await agentLines(pid)).find((l) => l.msg === "OSC applied");
+  expect(first).toMatchObject({ recorded: true, steps: 0 });
+  await waitFor("the file repaired, and a DriftRepaired event for it", async () => (await contentRepairs("/etc/web/index.html")) > repairsBefore, 20_000, 100);
+  expect(await agent.node.readFile("/etc/web/index.html")).toBe(`<h1>hello from trellis, version ${version}</h1>\n`);
+  const applied = (await agentLines(pid)).filter((l) => l.msg === "OSC applied");
+  expect(applied.map((l) => l.recorded ?? false)).toEqual([true, false]);
+  await watching(agent, "repair");
+}, 60_000);
+
 test("content changed in place while the agent was down, size and mtime restored, is repaired on start: the persisted known hashes do not vouch for it", async () => {
-  const stop = () => agent.node.execOk(["systemctl", "stop", "gardener-node-agent.service"]);
-  const start = () => agent.node.execOk(["systemctl", "start", "gardener-node-agent.service"]);
   // A start whose first reconcile finds the file settled (changed more than a second before: see Files.inspect) records its identity.
   await waitFor("/etc/web/index.html unchanged for 2 s", async () => Number((await sh("echo $(( $(date +%s) - $(stat -c %Z /etc/web/index.html) ))")).trim()) >= 2, 10_000, 200);
   await stop();
@@ -216,19 +246,14 @@ test("content changed in place while the agent was down, size and mtime restored
     100,
   );
   await stop();
+  const repairsBefore = await contentRepairs("/etc/web/index.html");
   const before = await agent.node.readFile("/etc/web/index.html");
   const edited = before.replace("hello", "HELLO");
   expect(edited.length).toBe(before.length);
   // Same inode (written through, not renamed over), same size, mtime put back: only ctime tells.
   await sh(`cp -p /etc/web/index.html /tmp/ref && printf '%s' '${edited}' > /etc/web/index.html && touch -r /tmp/ref /etc/web/index.html`);
   await start();
-  const event = await waitFor(
-    "the DriftRepaired event of the first reconcile",
-    async () => (await nodeEvents(agent)).find((e) => e.reason === "DriftRepaired" && e.message?.startsWith("/etc/web/index.html: content differs") && e.message.includes("repaired by a reconcile")),
-    20_000,
-    100,
-  );
-  expect(event.type).toBe("Warning");
+  await waitFor("the DriftRepaired event of the node's check after the start", async () => (await contentRepairs("/etc/web/index.html")) > repairsBefore, 20_000, 100);
   expect(await agent.node.readFile("/etc/web/index.html")).toBe(before);
 }, 90_000);
 

@@ -227,7 +227,7 @@ test("components whose unit is not on the node are skipped, not counted as faili
   const bare = await bootNode("health-bare");
   const bareSd = createSystemd({ address: bare.busAddress });
   // Its Node is not registered: a restart here must not add events to the other node's.
-  const unregistered: NodeSource = { current: () => undefined, subscribe: () => () => {}, found: new Promise(() => {}) };
+  const unregistered: NodeSource = { current: () => undefined, subscribe: () => () => {}, found: new Promise(() => {}), listed: Promise.resolve() };
   const { controller, metrics, status } = start(bare, { kubeletHealthzUrl: `http://127.0.0.1:${await freePort()}/healthz`, systemd: bareSd, nodes: unregistered });
   try {
     await sleep(2_000);

@@ -171,7 +171,7 @@ describe("lease", () => {
     const port = (server.address() as { port: number }).port;
     const kube = testKube({ server: `https://127.0.0.1:${port}`, caPem: cluster.caPem, token: "t" });
     const node: V1Node = { metadata: { name: "hung-node", uid: "00000000-0000-0000-0000-000000000001" } };
-    const source: NodeSource = { current: () => node, subscribe: () => () => undefined, found: Promise.resolve(node) };
+    const source: NodeSource = { current: () => node, subscribe: () => () => undefined, found: Promise.resolve(node), listed: Promise.resolve() };
     const metrics = createRegistry();
     const status = memoryStatusBoard();
     // 2 s lease: each request is given 0.5 s.

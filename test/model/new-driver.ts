@@ -126,7 +126,7 @@ function traceLogger(env: AgentEnv, base: Fields = {}, last: { line?: string } =
 
 /** The agent's NodeSource (src/controllers/node-source.ts) over the machine's view of its Node. */
 function nodeSource(env: AgentEnv): NodeSource {
-  return { current: () => env.nodes.current(), subscribe: (l) => env.nodes.subscribe(l), found: new Promise<V1Node>(() => undefined) };
+  return { current: () => env.nodes.current(), subscribe: (l) => env.nodes.subscribe(l), found: new Promise<V1Node>(() => undefined), listed: Promise.resolve() };
 }
 
 function startNewAgent(env: AgentEnv): void {

@@ -39,7 +39,7 @@ export type OldRolloutDeps = {
   systemd: unknown;
   store: unknown;
   events: { record(e: unknown): Promise<undefined> };
-  node: { current(): V1Node | undefined; subscribe(l: (n: V1Node) => void): () => void; found: Promise<V1Node> };
+  node: { current(): V1Node | undefined; subscribe(l: (n: V1Node) => void): () => void; found: Promise<V1Node>; listed: Promise<void> };
   status: { set(component: string, s: object): void; snapshot(): Record<string, never> };
   log: unknown;
   secretName: string;

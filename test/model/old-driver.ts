@@ -52,7 +52,7 @@ function startOldAgent(code: OldCode, env: AgentEnv): void {
     systemd: env.host.systemd,
     store: env.host.stateStore,
     events: { record: async () => undefined },
-    node: { current: () => env.nodes.current(), subscribe: () => () => undefined, found: new Promise<V1Node>(() => undefined) },
+    node: { current: () => env.nodes.current(), subscribe: () => () => undefined, found: new Promise<V1Node>(() => undefined), listed: Promise.resolve() },
     status: { set: () => undefined, snapshot: () => ({}) },
     log: env.log,
     secretName: env.secretName,

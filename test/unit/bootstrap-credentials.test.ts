@@ -55,7 +55,7 @@ test("the bootstrap kubeconfig is removed once kubelet has its own credentials, 
   };
   const cleanup = startBootstrapCredentialsCleanup({
     files,
-    node: { current: () => node, subscribe: () => () => {}, found: Promise.resolve(node) },
+    node: { current: () => node, subscribe: () => () => {}, found: Promise.resolve(node), listed: Promise.resolve() },
     store: createStateStore(files),
     log: createLogger({ write: () => {} }),
     osc: r.osc,

@@ -75,7 +75,7 @@ async function setUp(node: V1Node, tokens: InPlaceUpdaterDeps["tokens"], certifi
     kube,
     files,
     systemd: { restart: async () => {} },
-    node: { current: () => node, subscribe: () => () => {}, found: Promise.resolve(node) },
+    node: { current: () => node, subscribe: () => () => {}, found: Promise.resolve(node), listed: Promise.resolve() },
     log: createLogger({ write: () => {} }),
     tokens,
     certificate,

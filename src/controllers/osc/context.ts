@@ -43,6 +43,11 @@ export type OscStatus = {
   /** held: held back on this node (delay, serial lease, paused, canary, window, slot, health gate, in-place wait). */
   lastResult?: "applied" | "failed" | "invalid" | "waiting" | "held";
   lastError?: string;
+  /**
+   * The OSC is applied as the Node and this node's record say (a restarted agent's first reconcile,
+   * recorded.ts); the check of the node itself is the next reconcile. Any other result clears it.
+   */
+  nodeCheckPending: boolean;
   reconciles: number;
 };
 
@@ -65,6 +70,10 @@ export type OscState = {
   firstSeen?: DelayStart;
   /** The serial lease's hold and give-up (persisted; read once). */
   serial?: SerialHoldState;
+  /** Whether this agent process's first reconcile with a Secret has run (recorded.ts: it may trust the record). */
+  startedWithSecret: boolean;
+  /** A reconcile ran before the Node was known (its arrival then wakes the controller). */
+  ranWithoutNode: boolean;
   /** Failed reconciles in a row, for the backoff. */
   failures: number;
   leftoverLeaseChecked: boolean;
@@ -122,4 +131,5 @@ export function withoutData(secret: V1Secret): V1Secret {
 export function result(ctx: OscContext, r: NonNullable<OscStatus["lastResult"]>, error?: string): void {
   ctx.state.status.lastResult = r;
   ctx.state.status.lastError = error;
+  ctx.state.status.nodeCheckPending = false;
 }

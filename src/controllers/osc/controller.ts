@@ -55,7 +55,7 @@ export function startOscController(deps: OscControllerDeps): OscController {
     now: deps.clock ?? monotonicMs,
     bootClock: deps.bootClock ?? readBootClock,
     stopping: stopping.signal,
-    state: { failures: 0, leftoverLeaseChecked: false, layeredSecret: false, executed: [], status: { synced: false, reconciles: 0 } },
+    state: { startedWithSecret: false, ranWithoutNode: false, failures: 0, leftoverLeaseChecked: false, layeredSecret: false, executed: [], status: { synced: false, nodeCheckPending: false, reconciles: 0 } },
     inPlace: createInPlaceUpdater({ ...deps, log, signal: stopping.signal }),
     parser: createOscParser({ files: deps.files, path: paths.parsedOsc, log }),
     secretRefs,
@@ -142,8 +142,9 @@ export function startOscController(deps: OscControllerDeps): OscController {
   const unsubscribe = deps.node.subscribe(nodeChanges(ctx, trigger));
   // The rollout asks for a reconcile when its answer changed: a slot was granted, a gate failed and the node rolls back.
   const unsubscribeRollout = deps.rollout.onChange(() => trigger("rollout decision changed"));
-  // A node that applied before kubelet registered it reports once the Node exists.
-  void deps.node.found.then(() => trigger("node found"));
+  // A node that applied before kubelet registered it reports once the Node exists: a reconcile again when
+  // one ran without the Node (one that comes after sees it).
+  void deps.node.found.then(() => ctx.state.ranWithoutNode && trigger("node found"));
 
   return {
     synced,

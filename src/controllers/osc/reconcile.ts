@@ -33,6 +33,7 @@ import { delayRemaining, nodeAppliedChecksum, noteFirstSeen } from "./delay.ts";
 import { firstHold, type Gates, gatesFor, giveUpSerialLease, holdAfterFailure, serialCoolOffLeft } from "./gates.ts";
 import { finishInPlace, holdInPlace, inPlaceInterrupted } from "./in-place.ts";
 import { invalid, labelRoleAndZone, reportFailure, reportSuccess } from "./report.ts";
+import { recognizeApplied } from "./recorded.ts";
 import { admit, rollBackPending, toWeigh } from "./rollout.ts";
 import { giveUpLease, saveSerial, serialGate, serialIdentity, serialState } from "./serial.ts";
 
@@ -67,6 +68,12 @@ type Passed = { gates: Gates; identity: string; admitted: boolean; planned?: { p
 export async function reconcile(ctx: OscContext, why: string): Promise<Wait> {
   ctx.state.status.reconciles++;
   const cpuAtStart = process.cpuUsage();
+  if (!ctx.state.startedWithSecret && ctx.state.secret) {
+    ctx.state.startedWithSecret = true;
+    const recognized = await recognizeApplied(ctx, () => cpuMsSince(cpuAtStart));
+    if (recognized) return recognized;
+  }
+  if (!ctx.deps.node.current()) ctx.state.ranWithoutNode = true;
   const r = await resolve(ctx, why);
   if ("wait" in r) return r.wait;
   const passed = await passGates(ctx, r);
