@@ -92,7 +92,14 @@ export type EveryOptions = {
   firstAfterInterval?: boolean;
   /** A steady cadence: the time a tick took counts towards the interval (default: a full interval between ticks). */
   steady?: boolean;
+  /**
+   * The first tick waits for `until` to settle, for at most `maxMs` (a stop ends the wait, a wake-up does
+   * not: the tick then runs at once): work that is to go first at the agent's start.
+   */
+  firstAfter?: FirstAfter;
 };
+
+export type FirstAfter = { until: Promise<unknown>; maxMs: number };
 
 /**
  * Runs `tick` every `intervalMs`. A wake-up during a tick is not lost: the pause after it is skipped. A
@@ -103,6 +110,17 @@ export function every(intervalMs: number, tick: () => Promise<number | void>, op
   let stopped = false;
   let woken = false;
   let interrupt: (() => void) | undefined;
+  let endFirstWait: (() => void) | undefined;
+  const waitFirst = (f: FirstAfter) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(() => endFirstWait?.(), f.maxMs);
+      endFirstWait = () => {
+        clearTimeout(timer);
+        endFirstWait = undefined;
+        resolve();
+      };
+      f.until.then(endFirstWait, endFirstWait);
+    });
   const pause = (ms: number) =>
     new Promise<void>((resolve) => {
       if (woken || stopped) return resolve();
@@ -113,6 +131,7 @@ export function every(intervalMs: number, tick: () => Promise<number | void>, op
       };
     });
   const loop = (async () => {
+    if (opts.firstAfter && !stopped) await waitFirst(opts.firstAfter);
     if (opts.firstAfterInterval) await pause(intervalMs);
     while (!stopped) {
       woken = false;
@@ -131,6 +150,7 @@ export function every(intervalMs: number, tick: () => Promise<number | void>, op
     wake,
     stop: async () => {
       stopped = true;
+      endFirstWait?.();
       wake();
       await loop;
     },

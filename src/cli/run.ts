@@ -153,6 +153,10 @@ export async function run(args: string[]): Promise<number> {
     apiServer: { server: config.apiServer.server || kube.server, ca: apiServerCa(config.apiServer, paths.clusterCa) },
   });
   void osc.firstReconcile.then(() => notify.ready("the first reconcile finished"));
+  // The node's health checks (kubelet, containerd, every managed unit over D-Bus) start once the OSC's
+  // first reconcile ended, for at most firstReconcileHeadStartMs: on a slow CPU they would otherwise
+  // share it with that reconcile, which a start or a node's first boot waits for (issue 21).
+  const firstReconcileFirst = { until: osc.firstReconcile, maxMs: firstReconcileHeadStartMs };
   const running: Controller[] = [
     node,
     rollout,
@@ -161,8 +165,8 @@ export async function run(args: string[]): Promise<number> {
     startBootstrapCredentialsCleanup({ files, node, store, log, osc }),
     startLeaseController({ kube, node, log, metrics, status }),
     tokens,
-    startHealthController({ systemd, kube, nodes: node, events, metrics, status, log, config: controllers.healthCheck }),
-    startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck }),
+    startHealthController({ systemd, kube, nodes: node, events, metrics, status, log, config: controllers.healthCheck, firstAfter: firstReconcileFirst }),
+    startUnitHealthController({ systemd, kube, nodes: node, store, status, log, config: controllers.systemdUnitCheck, firstAfter: firstReconcileFirst }),
     startRestartController({ kube, systemd, events, nodes: node, log, selfUnit: agentUnit, rollout }),
     startHostnameCheck({ log, restartSelf: () => stopFor("hostname changed") }),
     startSecretNameFollower({ node, files, configFile: file, secretName: controllers.operatingSystemConfig.secretName, log, restartSelf: stopFor }),
@@ -200,6 +204,8 @@ function reloadLevel(configDir: string, log: Logger): void {
 
 /** Opt-in, for memory investigations (test/bench/profile.ts sets it): SIGUSR2 writes a heap snapshot to this file. */
 const heapSnapshotEnv = "TRELLIS_HEAP_SNAPSHOT";
+/** How long the node's health checks wait for the OSC's first reconcile at the most (it may not come: no API server). */
+const firstReconcileHeadStartMs = 10_000;
 
 /**
  * The SIGUSR2 handler installed, when `path` is set (without it SIGUSR2 ends the agent, as it always did).

@@ -21,7 +21,7 @@ import { describeError, type Logger } from "../log.ts";
 import type { Registry } from "../metrics.ts";
 import { createInternalIpKeeper } from "./internal-ip.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every, singleFlight } from "../loops.ts";
+import { every, type FirstAfter, singleFlight } from "../loops.ts";
 import { monotonicMs } from "../time.ts";
 
 export const defaultKubeletHealthz = "http://127.0.0.1:10248/healthz";
@@ -41,6 +41,8 @@ export type HealthControllerDeps = {
   probeTimeoutMs?: number;
   /** The monotonic clock thresholds and flap windows are measured by. */
   clock?: () => number;
+  /** The first check waits for this (the agent's start: the OSC's first reconcile goes first). */
+  firstAfter?: FirstAfter;
   /** This host's addresses (default: its interfaces'), for the InternalIP kubelet lost. */
   hostAddresses?: () => readonly string[];
 };
@@ -230,7 +232,7 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       ),
     );
     report();
-  });
+  }, deps.firstAfter ? { firstAfter: deps.firstAfter } : {});
 
   return {
     stop: async () => {

@@ -19,7 +19,7 @@ import type { Kube } from "../kube/client.ts";
 import { metaTime, type NodeCondition, patchNodeConditionIfChanged } from "../kube/node.ts";
 import { describeError, type Logger } from "../log.ts";
 import type { Controller, NodeSource, StatusBoard } from "./types.ts";
-import { every } from "../loops.ts";
+import { every, type FirstAfter } from "../loops.ts";
 import { backoffDelay } from "../time.ts";
 
 export const unitsConditionType = "SystemdUnitsReady";
@@ -34,6 +34,8 @@ export type UnitHealthControllerDeps = {
   log: Logger;
   config: NodeAgentConfiguration["controllers"]["systemdUnitCheck"];
   sinceBoot?: () => number;
+  /** The first check waits for this (the agent's start: the OSC's first reconcile goes first). */
+  firstAfter?: FirstAfter;
 };
 
 export type UnitVerdict = { unit: string; health: "healthy" | "progressing" | "unhealthy"; why?: string };
@@ -85,6 +87,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
         return unitCheckRetryMs(++failures, deps.config.syncPeriod, Math.random());
       },
     ),
+    deps.firstAfter ? { firstAfter: deps.firstAfter } : {},
   );
   // The condition goes up as soon as the Node is there, not a syncPeriod later.
   void deps.nodes.found.then(() => loop.wake());

@@ -113,6 +113,31 @@ describe("every", () => {
     await loop.stop();
     expect(ticks).toBe(0);
   });
+  test("firstAfter: the first tick waits for the promise, not for a wake-up; a stop ends the wait", async () => {
+    let ticks = 0;
+    const first = gate();
+    const loop = every(60_000, async () => void ticks++, { firstAfter: { until: first.opened, maxMs: 60_000 } });
+    loop.wake();
+    await Bun.sleep(20);
+    expect(ticks).toBe(0);
+    first.open();
+    await until(() => ticks === 1);
+    await loop.stop();
+    const never = every(60_000, async () => void ticks++, { firstAfter: { until: new Promise(() => {}), maxMs: 60_000 } });
+    const stopping = performance.now();
+    await never.stop();
+    expect(performance.now() - stopping).toBeLessThan(1_000);
+    expect(ticks).toBe(1);
+  });
+  test("firstAfter: at most maxMs, and a rejected promise ends the wait too", async () => {
+    let ticks = 0;
+    const slow = every(60_000, async () => void ticks++, { firstAfter: { until: new Promise(() => {}), maxMs: 30 } });
+    await until(() => ticks === 1);
+    await slow.stop();
+    const failed = every(60_000, async () => void ticks++, { firstAfter: { until: Promise.reject(new Error("x")), maxMs: 60_000 } });
+    await until(() => ticks === 2);
+    await failed.stop();
+  });
   test("steady: the tick's own time counts towards the interval", async () => {
     const starts: number[] = [];
     const loop = every(
