@@ -283,7 +283,7 @@ export const deliberate: DeliberateRow[] = [
   {
     id: "osc-checker-events",
     gna: "At each start compares the last-applied OSC with the disk and emits Warning events (FileMissing, FileMismatch, UnitMismatch, DropInMismatch, UnitEnableMismatch, DependencyMissing …; bootstrappers/file_consistency_bootstrapper.go), repairing nothing; a file whose hostName names another host, never written here, is reported FileMissing.",
-    trellis: "Watches the OSC's files and units all the time (controllers/drift.ts): a change is repaired and reported (DriftRepaired; DriftDetected in mode report), at start and after; files for another host are not looked at.",
+    trellis: "Watches the OSC's files and units all the time (controllers/drift.ts): a change is repaired and reported (DriftRepaired; DriftDetected in mode report), at start (the node's check right after the first reconcile, which trusts the Node and its record as gardener-node-agent's trusts the Node) and after; files for another host are not looked at.",
     reason: "The node converges where gardener-node-agent only warns, and no false warning for another host's files; events are for people, gardenlet and machine-controller-manager read none of them.",
     match: [{ area: "event", key: "Warning/(FileMissing|FileMismatch|FileReadError|FileDecodeError|FileUnsupportedEncoding|UnitFileMissing|UnitMismatch|DropInMissing|DropInMismatch|UnitEnableMismatch|DependencyMissing)", gna: "present", trellis: "absent" }],
     assertedBy: "test/e2e/drift.test.ts",
@@ -327,6 +327,15 @@ export const deliberate: DeliberateRow[] = [
     reason: "Read by people and journald only.",
     match: [],
     assertedBy: "test/unit/log.test.ts: logFormat text; test/e2e/agent-config-fields.test.ts",
+  },
+  {
+    id: "unit-jobs-in-order",
+    gna: "Starts all unit commands of an apply at once (`flow.Parallel` in executeUnitCommands); systemd orders their jobs by the units' own dependencies.",
+    trellis: "Runs the plan's unit jobs one after another, each to its end, its progress persisted after each.",
+    reason:
+      "A kill -9 during an apply resumes at the job it interrupted, restarting nothing twice, and a failed job is known before the next one starts. systemd's ordering decides what starts first in both: with Gardener's worker OSC kubelet starts right after the CA update (its `Before=kubelet.service`) under either agent (bench:boot-timeline). Nothing outside the node sees the order; the end state is the same.",
+    match: [],
+    assertedBy: "test/chaos/scenarios/agent-kill9.ts: no unit restarted that was not owed",
   },
   {
     id: "glibc",
