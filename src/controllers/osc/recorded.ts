@@ -3,8 +3,9 @@
 // pending, the OSC is said to be applied as soon as the Secret is read (the log line, the first reconcile
 // that tells systemd the agent is ready). The check of the node against the record, which repairs what
 // changed while no agent ran, is the next reconcile, at once: it hashes every file and asks systemd for
-// every unit, most of a start's CPU on a slow node (under half a core, twice what the peer's whole start
-// takes: issue 21). Nothing is reported to the API server here: the Node says it all already.
+// every unit, most of a start's CPU on a slow node (issue 21: under half a core, the start took longer than
+// gardener-node-agent's, whose first reconcile compares the Node's checksum alone). Nothing is reported to
+// the API server here: the Node says it all already.
 import type { V1Node, V1Secret } from "@kubernetes/client-node";
 import { decodeBase64 } from "../../api/base64.ts";
 import { oscChecksum } from "../../api/desired.ts";
