@@ -63,10 +63,12 @@ test("a no-op re-check of an OSC with a secretRef file makes no API request; a c
   await putRef("v1\n");
   await waitApplied(agent, await putOscSecret(cluster, secretName, osc), 60_000);
   expect(await agent.node.readFile(path)).toBe("v1\n");
-  // The first apply's reporting (condition) is over before the window opens.
-  await waitFor("the Node condition", async () => {
+  // The first apply's reporting is over before the window opens: its condition, and the unit check's,
+  // whose first run comes after the agent's first reconcile.
+  await waitFor("the Node conditions", async () => {
     const n = await admin.readNode({ name: agent.name });
-    return n.status?.conditions?.some((c) => c.type === "OperatingSystemConfigApplied" && c.status === "True") ? true : undefined;
+    const has = (type: string) => n.status?.conditions?.some((c) => c.type === type && c.status === "True");
+    return has("OperatingSystemConfigApplied") && has("SystemdUnitsReady") ? true : undefined;
   }, 30_000);
 
   // A change of the OSC Secret that leaves osc.yaml as it is: one more reconcile, with nothing to do.

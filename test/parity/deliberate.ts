@@ -338,6 +338,14 @@ export const deliberate: DeliberateRow[] = [
     assertedBy: "test/chaos/scenarios/agent-kill9.ts: no unit restarted that was not owed",
   },
   {
+    id: "unit-check-after-first-reconcile",
+    gna: "Checks the managed units at its start (the Node's create event) and every syncPeriod after; on a fresh node that first check finds no last-applied OSC, so `SystemdUnitsReady` appears up to a syncPeriod after the first apply.",
+    trellis: "Runs its first unit check once its first reconcile ended (10 s after its start at the latest), then every syncPeriod: on a fresh node `SystemdUnitsReady` appears right after the first apply.",
+    reason:
+      "The same check, reported sooner: gardenlet's care controller reads `SystemdUnitsReady` (and skips a node without it), so a unit that failed in the first apply is seen a syncPeriod earlier. Checking after the first reconcile keeps the units' D-Bus queries off a slow CPU while the reconcile a start or a first boot waits for runs (issue 21).",
+    match: [{ step: "first-apply", area: "condition", key: "SystemdUnitsReady", gna: "absent" }],
+  },
+  {
     id: "glibc",
     gna: "A static Go binary: runs on any Linux.",
     trellis: "Needs glibc 2.17 or newer; install.sh refuses a machine without it before installing anything.",

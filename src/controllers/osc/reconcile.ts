@@ -68,6 +68,9 @@ type Passed = { gates: Gates; identity: string; admitted: boolean; planned?: { p
 export async function reconcile(ctx: OscContext, why: string): Promise<Wait> {
   ctx.state.status.reconciles++;
   const cpuAtStart = process.cpuUsage();
+  // The Secret's list may come before the Node's at the start: what the Node says (its applied checksum,
+  // its reconciliation delay, its labels that overlays pick by) is known before anything is decided.
+  if (ctx.state.secret && !ctx.deps.node.current()) await ctx.deps.node.listed;
   if (!ctx.state.startedWithSecret && ctx.state.secret) {
     ctx.state.startedWithSecret = true;
     const recognized = await recognizeApplied(ctx, () => cpuMsSince(cpuAtStart));

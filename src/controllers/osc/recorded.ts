@@ -40,11 +40,7 @@ export async function recognizeApplied(ctx: OscContext, cpuMs: () => number): Pr
   const bytes = decodeBase64(encoded);
   if (!bytes) return undefined;
   const checksum = oscChecksum(bytes);
-  const agentState = await deps.store.read();
-  if (agentState.lastApplied?.checksum !== checksum) return undefined;
-  // The Secret's list may come before the Node's: the Node is what says the OSC was reported.
-  if (!deps.node.current()) await deps.node.listed;
-  const recorded = appliedAsRecorded({ checksum, secret, node: deps.node.current(), state: agentState, rollingBack: (await deps.rollout.pending()).do === "apply" });
+  const recorded = appliedAsRecorded({ checksum, secret, node: deps.node.current(), state: await deps.store.read(), rollingBack: (await deps.rollout.pending()).do === "apply" });
   if (!recorded) return undefined;
   result(ctx, "applied");
   state.status.lastChecksum = checksum;
