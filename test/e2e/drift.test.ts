@@ -228,7 +228,10 @@ test("a restarted agent says its OSC is applied as the Node and its record say, 
   expect(first).toMatchObject({ recorded: true, steps: 0 });
   await waitFor("the file repaired, and a DriftRepaired event for it", async () => (await contentRepairs("/etc/web/index.html")) > repairsBefore, 20_000, 100);
   expect(await agent.node.readFile("/etc/web/index.html")).toBe(`<h1>hello from trellis, version ${version}</h1>\n`);
-  const lines = await agentLines(pid);
+  const lines = await waitFor("the unit check's first line", async () => {
+    const l = await agentLines(pid);
+    return l.some((x) => x.msg === "systemd units") ? l : undefined;
+  }, 15_000, 100);
   const applied = lines.filter((l) => l.msg === "OSC applied");
   expect(applied.map((l) => l.recorded ?? false)).toEqual([true, false]);
   // The node's health checks start after that first reconcile (they would share a slow CPU with it).
