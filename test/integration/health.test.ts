@@ -19,6 +19,7 @@ import { createEventRecorder } from "../../src/kube/events.ts";
 import { createLogger } from "../../src/log.ts";
 import { createRegistry } from "../../src/metrics.ts";
 import { type Cluster, startCluster } from "../harness/cluster.ts";
+import type { FirstAfter } from "../../src/loops.ts";
 import { freePort, waitFor } from "../harness/exec.ts";
 import { bootNode, type Node } from "../harness/node.ts";
 import { userWithRules } from "../harness/rbac.ts";
@@ -81,7 +82,7 @@ afterAll(async () => {
 
 
 /** A health controller for `target` with its own metrics and status board. */
-function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: Systemd; nodes?: NodeSource; kube?: Kube } = {}) {
+function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: Systemd; nodes?: NodeSource; kube?: Kube; firstAfter?: FirstAfter } = {}) {
   const metrics = createRegistry();
   const status = memoryStatusBoard();
   const controller = startHealthController({
@@ -96,6 +97,7 @@ function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: 
     kubeletHealthzUrl: overrides.kubeletHealthzUrl ?? `http://127.0.0.1:${port}/healthz`,
     containerdSocket: `${target.root}/run/containerd/containerd.sock`,
     probeTimeoutMs: 500,
+    ...(overrides.firstAfter ? { firstAfter: overrides.firstAfter } : {}),
   });
   return { controller, metrics, status };
 }
@@ -221,6 +223,20 @@ describe("containerd", () => {
     }
   }, 60_000);
 });
+
+test("the first check waits for the agent's first reconcile (firstAfter), then runs at once", async () => {
+  let reconciled!: () => void;
+  const firstReconcile = new Promise<void>((resolve) => (reconciled = resolve));
+  const { controller, status } = start(node, { firstAfter: { until: firstReconcile, maxMs: 60_000 } });
+  try {
+    await sleep(1_000); // five sync periods in which nothing may be checked
+    expect(status.of("health")).toBeUndefined();
+    reconciled();
+    await waitFor("the first check", () => status.of("health")?.summary === "kubelet healthy, containerd healthy", 5_000, 20);
+  } finally {
+    await controller.stop();
+  }
+}, 30_000);
 
 test("components whose unit is not on the node are skipped, not counted as failing", async () => {
   // A node without kubelet.service and with containerd masked; nothing listens on this port.
