@@ -232,7 +232,7 @@ export function startHealthController(deps: HealthControllerDeps): Controller {
       ),
     );
     report();
-  }, deps.firstAfter ? { firstAfter: deps.firstAfter } : {});
+  }, { firstAfter: deps.firstAfter });
 
   return {
     stop: async () => {

@@ -87,7 +87,7 @@ export function startUnitHealthController(deps: UnitHealthControllerDeps): Contr
         return unitCheckRetryMs(++failures, deps.config.syncPeriod, Math.random());
       },
     ),
-    deps.firstAfter ? { firstAfter: deps.firstAfter } : {},
+    { firstAfter: deps.firstAfter },
   );
   // The condition goes up as soon as the Node is there, not a syncPeriod later.
   void deps.nodes.found.then(() => loop.wake());

@@ -97,7 +97,7 @@ function start(target: Node, overrides: { kubeletHealthzUrl?: string; systemd?: 
     kubeletHealthzUrl: overrides.kubeletHealthzUrl ?? `http://127.0.0.1:${port}/healthz`,
     containerdSocket: `${target.root}/run/containerd/containerd.sock`,
     probeTimeoutMs: 500,
-    ...(overrides.firstAfter ? { firstAfter: overrides.firstAfter } : {}),
+    firstAfter: overrides.firstAfter,
   });
   return { controller, metrics, status };
 }

@@ -36,12 +36,14 @@ export async function recognizeApplied(ctx: OscContext, cpuMs: () => number): Pr
   const started = ctx.now();
   const secret = state.secret;
   const encoded = secret?.data?.[oscDataKey];
-  if (!secret || encoded === undefined) return undefined;
+  const node = deps.node.current();
+  // The Node names the only OSC that can be recognized: the Secret's bytes are decoded and hashed (which
+  // the full reconcile does again when they are not that OSC) only once the Node and the record agree on it.
+  const checksum = node?.metadata?.annotations?.[annotations.appliedChecksum];
+  if (!secret || encoded === undefined || checksum === undefined) return undefined;
+  if (!appliedAsRecorded({ checksum, secret, node, state: await deps.store.read(), rollingBack: (await deps.rollout.pending()).do === "apply" })) return undefined;
   const bytes = decodeBase64(encoded);
-  if (!bytes) return undefined;
-  const checksum = oscChecksum(bytes);
-  const recorded = appliedAsRecorded({ checksum, secret, node: deps.node.current(), state: await deps.store.read(), rollingBack: (await deps.rollout.pending()).do === "apply" });
-  if (!recorded) return undefined;
+  if (!bytes || oscChecksum(bytes) !== checksum) return undefined;
   result(ctx, "applied");
   state.status.lastChecksum = checksum;
   state.status.nodeCheckPending = true;
